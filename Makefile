@@ -1,0 +1,30 @@
+# The README's two commands:  make train  and  make test.
+# Both create the virtual environment first. torch==2.13.0 is installed on its own,
+# before anything that depends on it: a bare torch requirement would pull a CUDA build.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+CONFIG ?= pipelines/configs/toy.yaml
+OUT    ?= runs/toy
+RUNNER ?= inprocess
+
+.PHONY: setup train test clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[kfp,s3,test,report]'
+	touch $@
+
+train: setup
+	$(VENV)/bin/ac2 run --config $(CONFIG) --out $(OUT) --runner $(RUNNER)
+
+test: setup
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,102 @@
+"""Before iteration 1: the problem set, the initial actor, and the initial critic.
+
+- problems: the built-in task from ``cfg.task``.
+- actor: a tiny Qwen3-architecture model with a byte-level tokenizer trained on the
+  task's text, warm-started by SFT on worked solutions until its sampled score reaches
+  ``warm_start.target_score`` (or a pretrained HF directory, ``model.source=pretrained``).
+- critic: the actor's backbone plus a fresh value head (V = 0.5 everywhere at first).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import torch
+
+from ac2_core import storage
+from ac2_core.config import AC2Config
+from ac2_core.generation import generate
+from ac2_core.models.critic import Critic
+from ac2_core.models.hf import load_model
+from ac2_core.models.store import Checkpoint, ModelStore
+from ac2_core.models.tiny import build_tiny_model
+from ac2_core.models.tokenizer import build_tokenizer
+from ac2_core.stages.common import prompt_ids, seed_for
+from ac2_core.tasks import grade, problems_for
+
+STAGE = "bootstrap"
+
+
+def sampled_score(model, tok, rows: list[dict], *, max_tokens: int, temperature: float, seed: int) -> float:
+    samples = generate(
+        model,
+        [prompt_ids(tok, r["prompt"]) for r in rows],
+        [max_tokens] * len(rows),
+        n=1,
+        eos_id=tok.eos_token_id,
+        pad_id=tok.pad_token_id,
+        seed=seed,
+        temperature=temperature,
+    )
+    return sum(
+        grade(r["task"], r["answer"], tok.decode(g[0].token_ids, skip_special_tokens=True)) for r, g in zip(rows, samples)
+    ) / len(rows)
+
+
+def _initial_actor(cfg: AC2Config, rows: list[dict], log: Callable[[str], None]):
+    if cfg.model.source == "pretrained":
+        local = storage.local_model_dir(cfg.model.path, kind="actor") if storage.exists(cfg.model.path) else cfg.model.path
+        return load_model(local, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
+    tok = build_tokenizer(r["prompt"] + (r["solution"] or "") for r in rows)
+    model = build_tiny_model(tok, cfg.model.tiny, seed=cfg.seed)
+    ws = cfg.warm_start
+    if ws.max_steps == 0:
+        return model, tok
+    train = [r for r in rows if r["split"] == "train" and r["solution"]]
+    held_out = train[-ws.eval_problems :]  # scored, never trained on
+    train = train[: -ws.eval_problems] or train
+    log(f"warm start: SFT on {len(train)} worked solutions, up to {ws.max_steps} steps, stop at score {ws.target_score}")
+    result = _sft(cfg, model, tok, train, held_out, log)
+    log(f"warm start: {result['steps']} steps, sampled score {result['score']}")
+    return model, tok
+
+
+def _sft(cfg, model, tok, train, held_out, log):
+    from ac2_core.training.sft import sft_warm_start
+
+    ws = cfg.warm_start
+    score = lambda m: sampled_score(  # noqa: E731
+        m, tok, held_out, max_tokens=cfg.rollout.max_response_tokens, temperature=cfg.rollout.temperature, seed=seed_for(cfg, 0, STAGE)
+    )
+    return sft_warm_start(
+        model,
+        tok,
+        [r["prompt"] for r in train],
+        [r["solution"] for r in train],
+        steps=ws.max_steps,
+        batch_size=ws.batch_size,
+        lr=ws.lr,
+        seed=cfg.seed,
+        eval_fn=score,
+        eval_every=ws.eval_every,
+        target_score=ws.target_score,
+        log=log,
+    )
+
+
+def bootstrap(cfg: AC2Config, *, problems: str, actor: str, critic: str, log: Callable[[str], None] = print) -> dict:
+    """Write the problem set, actor (version 0) and critic (version 0)."""
+    table = problems_for(cfg.task)
+    if table.num_rows == 0:
+        raise ValueError("the task produced an empty problem set")
+    with torch.random.fork_rng():  # leave the caller's global RNG untouched
+        torch.manual_seed(cfg.seed)
+        model, tok = _initial_actor(cfg, table.to_pylist(), log)
+    store = ModelStore(cfg)
+    problems_hash = storage.write_table(problems, table, kind="problems", stage=STAGE, config_hash=cfg.config_hash()).content_hash
+    actor_hash = store.save(actor, Checkpoint("actor", model, tok, 0), stage=STAGE)
+    critic_hash = store.save(critic, Checkpoint("critic", Critic.from_actor(model, seed=cfg.seed), tok, 0), stage=STAGE)
+    summary = {"problems": table.num_rows, "problems_hash": problems_hash, "actor_hash": actor_hash, "critic_hash": critic_hash}
+    log(f"bootstrap: {json.dumps(summary)}")
+    return summary

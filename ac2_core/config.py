@@ -1,0 +1,253 @@
+"""One typed config tree for a whole ac2 run.
+
+Every knob of DESIGN.md section 2 lives here, documented in one line. The tree is
+frozen and forbids unknown keys, so a typo or an out-of-range value fails before any
+model loads, with a message that names the field (``rollout.group_size``). The config
+travels to every stage as one JSON document (``AC2Config.model_dump_json``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the field to change."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TinyModelConfig(_Section):
+    """A Qwen3-architecture model built on the spot (tests and the CPU default)."""
+
+    hidden_size: int = Field(128, ge=32, description="model width")
+    num_layers: int = Field(4, ge=1, description="transformer blocks")
+    num_heads: int = Field(4, ge=1, description="query heads")
+    num_kv_heads: int = Field(2, ge=1, description="key/value heads (GQA)")
+    head_dim: int = Field(32, ge=32, description="per-head width; vLLM's CPU attention needs >= 32")
+    intermediate_size: int = Field(384, ge=8, description="MLP width")
+    max_position_embeddings: int = Field(512, ge=64, description="longest sequence the model accepts")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> TinyModelConfig:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        return self
+
+
+class ModelConfig(_Section):
+    source: Literal["tiny", "pretrained"] = Field("tiny", description="build a tiny model, or load an HF directory")
+    path: str | None = Field(None, description="local path or URI of an HF model directory (source=pretrained)")
+    tiny: TinyModelConfig = TinyModelConfig()
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="parameter dtype; float32 on CPU")
+    trust_remote_code: bool = Field(False, description="allow model code from the checkpoint; off unless asked for")
+
+    @model_validator(mode="after")
+    def _path_for_pretrained(self) -> ModelConfig:
+        if self.source == "pretrained" and not self.path:
+            raise ValueError("source=pretrained needs model.path")
+        return self
+
+
+class TaskConfig(_Section):
+    name: Literal["arith"] = Field("arith", description="the built-in task family")
+    n_terms: int = Field(6, ge=2, le=32, description="numbers to add, one written step each")
+    max_value: int = Field(99, ge=1, description="terms are drawn from 0..max_value")
+    train_size: int = Field(4096, ge=1, description="training problems generated")
+    val_size: int = Field(128, ge=1, description="held-out validation problems")
+    seed: int = Field(1234, description="seed of the problem generator, independent of the run seed")
+
+
+class WarmStartConfig(_Section):
+    """Supervised warm start on reference solutions, before RL."""
+
+    max_steps: int = Field(600, ge=0, description="upper bound on SFT steps; 0 skips the warm start")
+    batch_size: int = Field(64, ge=1, description="sequences per SFT step")
+    lr: float = Field(1e-3, gt=0, description="AdamW learning rate")
+    eval_every: int = Field(50, ge=1, description="steps between evaluations of the warm-start candidate")
+    eval_problems: int = Field(64, ge=1, description="problems per warm-start evaluation (sampled decoding)")
+    target_score: float = Field(0.2, gt=0, le=1, description="stop at the first checkpoint whose sampled score reaches this")
+
+
+class RolloutConfig(_Section):
+    problems_per_iteration: int = Field(16, ge=1, description="problems drawn each iteration")
+    group_size: int = Field(8, ge=2, description="G: samples per prefix")
+    chunk_tokens: int = Field(16, ge=1, description="L: token budget of one action chunk")
+    max_response_tokens: int = Field(96, ge=1, description="budget of a full answer (full mode)")
+    prefixes_per_problem: int = Field(2, ge=1, description="k: prefixes per ready problem in chunk mode")
+    probe_fraction: float = Field(0.25, ge=0, le=1, description="share of ready problems kept in full mode as readiness probes")
+    revisit_fraction: float = Field(0.5, ge=0, le=1, description="share of each iteration's problems drawn from problems with replay")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature (behaviour log-probs are taken under it)")
+
+    @model_validator(mode="after")
+    def _chunk_fits(self) -> RolloutConfig:
+        if self.chunk_tokens > self.max_response_tokens:
+            raise ValueError(
+                f"chunk_tokens ({self.chunk_tokens}) must not exceed max_response_tokens ({self.max_response_tokens})"
+            )
+        return self
+
+
+class ReplayConfig(_Section):
+    max_trajectories_per_problem: int = Field(16, ge=1, description="bound on the replay kept per problem (newest kept)")
+    success_threshold: float = Field(1.0, gt=0, le=1, description="reward at which a finished trajectory can serve as a reference solution")
+
+
+class ReadinessConfig(_Section):
+    metric: Literal["binned_calibration", "brier_ratio", "auc"] = Field(
+        "binned_calibration", description="how the critic's error on one problem is measured"
+    )
+    window: int = Field(32, ge=1, description="(prediction, outcome) pairs kept per problem")
+    min_pairs: int = Field(8, ge=1, description="pairs needed before a problem can be ready")
+    max_error: float = Field(0.15, ge=0, description="largest error at which a problem is ready")
+    n_bins: int = Field(5, ge=1, description="bins of V for binned calibration")
+    require_mixed_outcomes: bool = Field(True, description="ready only if the window holds both successes and failures")
+
+    @model_validator(mode="after")
+    def _window_holds_min_pairs(self) -> ReadinessConfig:
+        if self.min_pairs > self.window:
+            raise ValueError(f"min_pairs ({self.min_pairs}) must not exceed window ({self.window})")
+        return self
+
+
+class AdvantageConfig(_Section):
+    baseline: Literal["loo", "mean", "critic"] = Field("loo", description="baseline of chunk advantages within a group")
+    scale_std: bool = Field(False, description="divide chunk advantages by the group's std")
+    grpo_scale_std: bool = Field(True, description="GRPO: divide by the group's reward std")
+
+
+class ActorConfig(_Section):
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate of the policy")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    clip_low: float = Field(0.2, gt=0, lt=1, description="PPO ratio clip below 1")
+    clip_high: float = Field(0.28, gt=0, description="PPO ratio clip above 1")
+    kl_beta: float = Field(0.0, ge=0, description="weight of KL to the initial policy; 0 loads no reference model")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
+    micro_batch_size: int = Field(64, ge=1, description="sequences per forward/backward")
+    steps_per_iteration: int = Field(1, ge=1, description="optimizer steps per iteration (each over the whole batch)")
+
+
+class CriticConfig(_Section):
+    lr: float = Field(3e-4, gt=0, description="AdamW learning rate of the critic")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
+    steps_per_iteration: int = Field(2, ge=1, description="optimizer steps per iteration on this iteration's pairs")
+    batch_size: int = Field(128, ge=1, description="distinct critic inputs drawn for each step")
+    micro_batch_size: int = Field(64, ge=1, description="critic inputs per forward/backward")
+    td_weight: float = Field(0.0, ge=0, description="weight of bootstrapped V(s+c) targets for unfinished chunks")
+    warmup_iterations: int = Field(0, ge=0, description="first iterations in full mode only, to fit the critic")
+    use_reference: bool = Field(True, description="show the critic a reference solution from replay")
+    max_input_tokens: int = Field(384, ge=16, description="critic input cap; the partial answer is cut from its start")
+    score_batch_size: int = Field(128, ge=1, description="critic inputs per scoring forward")
+
+
+class GenerationConfig(_Section):
+    backend: Literal["hf"] = Field("hf", description="generation engine (vllm: see the scale-out issue)")
+    batch_size: int = Field(256, ge=1, description="sequences decoded together")
+
+
+class TrainingConfig(_Section):
+    backend: Literal["torch"] = Field("torch", description="optimizer loop (deepspeed: see the scale-out issue)")
+
+
+class EvalConfig(_Section):
+    every: int = Field(1, ge=1, description="evaluate every this many iterations (and at the last)")
+    samples_per_problem: int = Field(2, ge=1, description="sampled answers per validation problem")
+
+
+class RunConfig(_Section):
+    iterations: int = Field(40, ge=1, description="RL iterations")
+    keep_models: int = Field(2, ge=1, description="actor/critic checkpoints kept on disk by local runners (newest)")
+
+
+class AC2Config(_Section):
+    run_id: str = Field("ac2", pattern=r"^[a-z0-9][a-z0-9-]{0,62}$", description="name of the run")
+    algorithm: Literal["ac2", "grpo"] = Field("ac2", description="ac2, or the grpo baseline built from the same stages")
+    seed: int = Field(0, description="seed of every stochastic stage")
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
+    warm_start: WarmStartConfig = WarmStartConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    replay: ReplayConfig = ReplayConfig()
+    readiness: ReadinessConfig = ReadinessConfig()
+    advantage: AdvantageConfig = AdvantageConfig()
+    actor: ActorConfig = ActorConfig()
+    critic: CriticConfig = CriticConfig()
+    generation: GenerationConfig = GenerationConfig()
+    training: TrainingConfig = TrainingConfig()
+    eval: EvalConfig = EvalConfig()
+    run: RunConfig = RunConfig()
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.algorithm == "ac2"
+
+    def config_hash(self) -> str:
+        """sha256 of the canonical JSON form: identical configs hash identically."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+
+def _format_errors(err: ValidationError, origin: str) -> str:
+    lines = [f"invalid config {origin}:"]
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        match e["type"]:
+            case "extra_forbidden":
+                lines.append(f"  {field}: unknown key")
+            case _:
+                found = e.get("input")
+                shown = "" if isinstance(found, dict) else f" (found {found!r})"
+                lines.append(f"  {field}: {e['msg']}{shown}")
+    return "\n".join(lines)
+
+
+def parse_config(data: dict, origin: str = "(dict)") -> AC2Config:
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid config {origin}: expected a mapping at the top level, found {type(data).__name__}")
+    try:
+        return AC2Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, origin)) from None
+
+
+def load_config(path: str | Path, overrides: dict | None = None) -> AC2Config:
+    """Load and validate a YAML config; ``overrides`` are merged on top (dotted keys allowed)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config {path} is not valid YAML: {e}") from None
+    if isinstance(data, dict):  # otherwise parse_config says the document is not a mapping
+        for dotted, value in (overrides or {}).items():
+            _set_dotted(data, dotted, value)
+    return parse_config(data, str(path))
+
+
+def config_from_json(text: str) -> AC2Config:
+    return parse_config(json.loads(text), "(json)")
+
+
+def _set_dotted(data: dict, dotted: str, value) -> None:
+    *parents, leaf = dotted.split(".")
+    node = data
+    for key in parents:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {dotted}: {key} is not a section")
+    node[leaf] = value

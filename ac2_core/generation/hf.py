@@ -1,0 +1,130 @@
+"""The ``hf`` generation backend: continue token-id contexts with a transformers model.
+
+A small sampling loop over the model's forward with a KV cache, rather than
+``model.generate``: it gives exact behaviour log-probs under the sampling temperature,
+a seeded ``torch.Generator`` per batch (no global RNG), and rows that stop at their own
+budget. Contexts are token ids and are never re-tokenized.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+
+@dataclass(frozen=True)
+class Sample:
+    token_ids: list[int]
+    logprobs: list[float]  # behaviour log-prob of each token, under the sampling temperature
+    finish_reason: str  # "stop" (eos sampled; eos is the last token) | "length" (budget used up)
+
+
+def _seed_for(seed: int, batch_index: int) -> int:
+    # A distinct, reproducible stream per batch: reruns with the same inputs match bit for bit.
+    return (seed * 1_000_003 + batch_index * 7_919) % (2**63 - 1)
+
+
+@torch.no_grad()
+def generate(
+    model,
+    contexts: list[list[int]],
+    budgets: list[int],
+    *,
+    n: int,
+    eos_id: int,
+    pad_id: int,
+    seed: int,
+    temperature: float = 1.0,
+    greedy: bool = False,
+    batch_size: int = 256,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[list[Sample]]:
+    """Continue each context ``n`` times, each continuation adding at most its budget.
+
+    contexts: P lists of token ids (prompt + prefix). budgets: P ints.
+    Returns P lists of ``n`` samples, in input order.
+    """
+    if len(contexts) != len(budgets):
+        raise ValueError(f"{len(contexts)} contexts but {len(budgets)} budgets")
+    if any(not c for c in contexts):
+        raise ValueError("every context needs at least one token (the prompt)")
+    rows = [(p, j) for p in range(len(contexts)) for j in range(n)]
+    # Rows of one budget decode together, so short chunks never wait for full answers.
+    rows.sort(key=lambda r: (budgets[r[0]], r[0], r[1]))
+    out: list[list[Sample | None]] = [[None] * n for _ in contexts]
+    done = 0
+    for b, start in enumerate(range(0, len(rows), batch_size)):
+        batch = rows[start : start + batch_size]
+        samples = _decode_batch(
+            model,
+            [contexts[p] for p, _ in batch],
+            max(budgets[p] for p, _ in batch),
+            eos_id=eos_id,
+            pad_id=pad_id,
+            generator=torch.Generator().manual_seed(_seed_for(seed, b)),
+            temperature=temperature,
+            greedy=greedy,
+        )
+        for (p, j), s in zip(batch, samples):
+            out[p][j] = _clip(s, budgets[p])
+        done += len(batch)
+        if progress:
+            progress(done, len(rows))
+    return out  # type: ignore[return-value]
+
+
+def _clip(s: Sample, budget: int) -> Sample:
+    if len(s.token_ids) <= budget:
+        return s
+    return Sample(s.token_ids[:budget], s.logprobs[:budget], "length")
+
+
+def _decode_batch(model, contexts, budget, *, eos_id, pad_id, generator, temperature, greedy) -> list[Sample]:
+    B = len(contexts)
+    width = max(len(c) for c in contexts)
+    device = next(model.parameters()).device
+    input_ids = torch.full((B, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((B, width), dtype=torch.long)
+    for i, c in enumerate(contexts):  # left padding: every row's next token sits in the last column
+        input_ids[i, width - len(c) :] = torch.tensor(c)
+        mask[i, width - len(c) :] = 1
+    input_ids, mask = input_ids.to(device), mask.to(device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache()
+    tokens = torch.zeros((B, budget), dtype=torch.long)
+    logps = torch.zeros((B, budget), dtype=torch.float32)
+    lengths = torch.full((B,), budget, dtype=torch.long)
+    alive = torch.ones(B, dtype=torch.bool)
+    step_ids, step_pos = input_ids, positions
+    for t in range(budget):
+        logits = model(
+            input_ids=step_ids,
+            attention_mask=mask,
+            position_ids=step_pos,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1, :].float().cpu()
+        logprobs = torch.log_softmax(logits / temperature, dim=-1)
+        if greedy:
+            nxt = logprobs.argmax(-1)
+        else:
+            nxt = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(-1)
+        tokens[:, t] = nxt
+        logps[:, t] = logprobs.gather(-1, nxt[:, None]).squeeze(-1)
+        stopped = alive & (nxt == eos_id)
+        lengths[stopped] = t + 1
+        alive &= ~stopped
+        if not alive.any():
+            break
+        step_ids = torch.where(alive, nxt, torch.full_like(nxt, pad_id)).to(device)[:, None]
+        mask = torch.cat([mask, alive.to(device, torch.long)[:, None]], dim=1)
+        step_pos = step_pos[:, -1:] + 1
+    samples = []
+    for i in range(B):
+        k = int(lengths[i])
+        samples.append(Sample(tokens[i, :k].tolist(), logps[i, :k].tolist(), "length" if alive[i] else "stop"))
+    return samples

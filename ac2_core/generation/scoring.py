@@ -1,0 +1,33 @@
+"""Critic scoring: V for many token-id inputs in length-sorted, padded batches.
+
+Identical inputs are scored once (the G chunks of a group share their start state), and
+rows are sorted by length so little padding is computed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+@torch.no_grad()
+def score_inputs(critic, inputs: list[list[int]], *, pad_id: int, batch_size: int) -> list[float]:
+    """V in [0, 1] for each input (a list of token ids), in input order."""
+    unique = sorted(set(map(tuple, inputs)), key=lambda x: (len(x), x))
+    values: dict[tuple, float] = {}
+    device = next(critic.parameters()).device
+    for start in range(0, len(unique), batch_size):
+        batch = unique[start : start + batch_size]
+        width = max(len(x) for x in batch)
+        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, x in enumerate(batch):
+            ids[i, : len(x)] = torch.tensor(x)
+            mask[i, : len(x)] = 1
+        v = critic.values(ids.to(device), mask.to(device)).float().cpu().tolist()
+        values.update(zip(batch, v))
+    return [values[tuple(x)] for x in inputs]
+
+
+def unique_inputs(inputs: list[list[int]]) -> list[tuple]:
+    """The distinct inputs, in first-seen order (what ``score_inputs`` actually runs)."""
+    return list(dict.fromkeys(map(tuple, inputs)))

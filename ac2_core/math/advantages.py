@@ -1,0 +1,140 @@
+"""Chunk advantages and the readiness gate (DESIGN.md section 2, `check_readiness`).
+
+A group is one prefix continued `G` times; its rows are chunks (or full rollouts in
+full mode). Where this departs from plain GRPO:
+
+- The default baseline is the leave-one-out mean of the *other* chunks of the group,
+  not the group mean, and advantages are not std-scaled by default.
+- The baseline may instead be the critic's value at the chunk's start, `V(x, s)`.
+- Targets are `R` for finished chunks and `V(x, s+c)` for unfinished ones; on a
+  problem that is not ready, critic targets get weight 0 (`gate_weights`).
+
+`grpo_advantages` is plain GRPO: group-normalized terminal rewards.
+"""
+
+from __future__ import annotations
+
+import torch
+
+BASELINES = ("loo", "mean", "critic")
+
+
+def group_advantages(
+    targets: torch.Tensor,
+    group_ids: torch.Tensor,
+    *,
+    baseline: str = "loo",
+    values_start: torch.Tensor | None = None,
+    scale_std: bool = False,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row advantage `A = y - b` against a per-group baseline `b`.
+
+    Args:
+        targets: (B,) float. The target `y` of each row (`R` or `V(x, s+c)`).
+        group_ids: (B,) int64. Rows with the same id form a group. Ids are arbitrary:
+            they need not be contiguous, sorted or start at 0.
+        baseline: "loo" (mean of the *other* rows of the group; a singleton group's
+            baseline is its own target, so its advantage is 0), "mean" (group mean,
+            self included) or "critic" (`values_start`).
+        values_start: (B,) float. `V(x, s)` at each row's start; required when
+            `baseline="critic"`, ignored otherwise.
+        scale_std: divide advantages by the population std of the group's targets
+            plus `eps`.
+        eps: added to the std before dividing.
+
+    Returns:
+        advantages: (B,) float, same dtype as `targets`.
+        baselines: (B,) float, the baseline `b` each row was compared against.
+    """
+    if targets.dim() != 1 or group_ids.shape != targets.shape:
+        raise ValueError(
+            f"targets and group_ids must both be (B,); got targets {tuple(targets.shape)}, "
+            f"group_ids {tuple(group_ids.shape)}"
+        )
+    if not targets.is_floating_point():
+        targets = targets.to(torch.float32)
+    # Map arbitrary ids to 0..n_groups-1 so per-group sums are one index_add each.
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    n_groups = int(inverse.max()) + 1 if inverse.numel() else 0
+    counts = _group_sum(torch.ones_like(targets), inverse, n_groups)
+    sums = _group_sum(targets, inverse, n_groups)
+    group_mean = (sums / counts)[inverse]
+
+    match baseline:
+        case "loo":
+            n = counts[inverse]
+            # Leave-one-out keeps the baseline independent of the row's own target,
+            # so the advantage is unbiased (GRPO's group mean includes self).
+            others = (sums[inverse] - targets) / (n - 1).clamp(min=1)
+            baselines = torch.where(n > 1, others, targets)
+        case "mean":
+            baselines = group_mean
+        case "critic":
+            if values_start is None:
+                raise ValueError("baseline='critic' needs values_start (B,); got None")
+            if values_start.shape != targets.shape:
+                raise ValueError(
+                    f"values_start must be (B,) = {tuple(targets.shape)}; "
+                    f"got {tuple(values_start.shape)}"
+                )
+            # The critic's V(x, s) is a baseline that depends only on the state.
+            baselines = values_start.to(targets.dtype)
+        case _:
+            raise ValueError(f"baseline must be one of {BASELINES}; got {baseline!r}")
+
+    advantages = targets - baselines
+    if scale_std:
+        # Population std (unbiased=False): a 2-sample group [1, 0] has std 0.5 and
+        # gets advantages of exactly ±1 under the mean baseline, as in GRPO.
+        dev_sq = (targets - group_mean) ** 2
+        std = (_group_sum(dev_sq, inverse, n_groups) / counts).sqrt()
+        advantages = advantages / (std[inverse] + eps)
+    return advantages, baselines
+
+
+def grpo_advantages(
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    *,
+    scale_std: bool = True,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """GRPO's group-normalized terminal reward: `(r - mean_g) / (std_g + eps)`.
+
+    Args:
+        rewards: (B,) float. Terminal reward of each full rollout.
+        group_ids: (B,) int64. The `G` rollouts of one problem share an id.
+        scale_std: divide by the group's population std plus `eps`.
+        eps: added to the std before dividing.
+
+    Returns:
+        advantages: (B,) float.
+    """
+    advantages, _ = group_advantages(
+        rewards, group_ids, baseline="mean", scale_std=scale_std, eps=eps
+    )
+    return advantages
+
+
+def gate_weights(target_from_critic: torch.Tensor, problem_ready: torch.Tensor) -> torch.Tensor:
+    """Loss weight of each row: 0 for critic targets on problems that are not ready.
+
+    Args:
+        target_from_critic: (B,) bool. True where the target is `V(x, s+c)`, i.e. the
+            chunk did not finish.
+        problem_ready: (B,) bool. Whether the row's problem is ready *now*.
+
+    Returns:
+        weights: (B,) float32, 0.0 or 1.0.
+    """
+    # An uncalibrated critic's targets would teach the policy the critic's errors.
+    masked = target_from_critic.bool() & ~problem_ready.bool()
+    return (~masked).to(torch.float32)
+
+
+def _group_sum(values: torch.Tensor, inverse: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """Sum `values` (B,) into (n_groups,) by the group index `inverse` (B,)."""
+    return torch.zeros(n_groups, dtype=values.dtype, device=values.device).index_add_(
+        0, inverse, values
+    )

@@ -1,0 +1,122 @@
+"""Actor and critic checkpoints at artifact URIs, optionally kept in memory.
+
+A checkpoint is a published model directory (``storage.publish_dir``): the HF files,
+the optimizer state (``training.optim_state``) and ``ac2_state.json`` with the version.
+Under ``kfp`` every stage is a new process and loads from storage. The ``inprocess``
+runner passes one ``ModelStore(keep_in_memory=True)`` to all stages, so a model written
+by one stage is handed to the next without a reload; the files are written all the same.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import fsspec
+
+from ac2_core import storage
+from ac2_core.config import AC2Config
+from ac2_core.models.critic import Critic
+from ac2_core.models.hf import load_model, load_tokenizer, save_model
+from ac2_core.training.torch_backend import Trainer
+
+STATE = "ac2_state.json"
+
+
+@dataclass
+class Checkpoint:
+    """A loaded actor (``model`` is a causal LM) or critic (``model`` is a ``Critic``)."""
+
+    kind: str  # actor | critic
+    model: object
+    tokenizer: object
+    version: int
+    source: Path | None = None  # local folder it was loaded from; holds its optimizer state
+    trainer: Trainer | None = None
+    trained_tokens: int = 0  # tokens forwarded and backpropagated by the update that wrote it
+
+
+def read_state(uri: str, *, kind: str) -> dict:
+    """A published checkpoint's ``ac2_state.json`` (version, trained tokens), without its weights."""
+    manifest = storage.read_manifest(uri)
+    if manifest.kind != kind:
+        raise storage.ArtifactError(f"{uri}: expected a {kind} checkpoint, found a {manifest.kind} artifact")
+    fs, path = fsspec.core.url_to_fs(uri)
+    with fs.open(storage.join(path, STATE), "r") as f:
+        return json.load(f)
+
+
+def read_version(uri: str, *, kind: str) -> int:
+    return int(read_state(uri, kind=kind)["version"])
+
+
+class ModelStore:
+    def __init__(self, cfg: AC2Config, *, keep_in_memory: bool = False):
+        self.cfg = cfg
+        self.keep_in_memory = keep_in_memory
+        self._memory: dict[str, Checkpoint] = {}
+
+    # ------------------------------------------------------------------ loading
+
+    def load(self, uri: str, *, kind: str) -> Checkpoint:
+        """A checkpoint for reading (generation, scoring); never modify it."""
+        if uri in self._memory:
+            return self._memory[uri]
+        ckpt = self._from_storage(uri, kind)
+        if self.keep_in_memory:
+            self._memory[uri] = ckpt
+        return ckpt
+
+    def tokenizer(self, uri: str, *, kind: str):
+        """Only the tokenizer of a checkpoint (no weights are loaded unless already in memory)."""
+        if uri in self._memory:
+            return self._memory[uri].tokenizer
+        return load_tokenizer(storage.local_model_dir(uri, kind=kind))
+
+    def take(self, uri: str, *, kind: str) -> Checkpoint:
+        """A checkpoint to train: the caller owns it, and ``uri`` is no longer served from memory."""
+        ckpt = self._memory.pop(uri, None) or self._from_storage(uri, kind)
+        return ckpt
+
+    def _from_storage(self, uri: str, kind: str) -> Checkpoint:
+        folder = storage.local_model_dir(uri, kind=kind)
+        version = int(json.loads((folder / STATE).read_text())["version"])
+        match kind:
+            case "actor":
+                model, tok = load_model(folder, dtype=self.cfg.model.dtype, trust_remote_code=self.cfg.model.trust_remote_code)
+            case "critic":
+                model, tok = Critic.load(folder, dtype=self.cfg.model.dtype)
+            case _:
+                raise ValueError(f"unknown checkpoint kind {kind!r}")
+        return Checkpoint(kind, model, tok, version, source=folder)
+
+    def trainer(self, ckpt: Checkpoint) -> Trainer:
+        """The checkpoint's optimizer, restored from its folder the first time."""
+        if ckpt.trainer is None:
+            section = self.cfg.actor if ckpt.kind == "actor" else self.cfg.critic
+            ckpt.trainer = Trainer(ckpt.model, lr=section.lr, weight_decay=section.weight_decay, max_grad_norm=section.max_grad_norm)
+            if ckpt.source is not None:
+                ckpt.trainer.load(ckpt.source)
+        return ckpt.trainer
+
+    # ------------------------------------------------------------------- saving
+
+    def save(self, uri: str, ckpt: Checkpoint, *, stage: str) -> str:
+        """Publish ``ckpt`` at ``uri`` (weights, tokenizer, optimizer state, version)."""
+        with storage.publish_dir(uri, kind=ckpt.kind, stage=stage, config_hash=self.cfg.config_hash()) as folder:
+            if ckpt.kind == "actor":
+                save_model(ckpt.model, ckpt.tokenizer, folder)
+            else:
+                ckpt.model.save(folder, ckpt.tokenizer)
+            if ckpt.trainer is not None:
+                ckpt.trainer.save(folder)
+            state = {"kind": ckpt.kind, "version": ckpt.version, "trained_tokens": ckpt.trained_tokens}
+            (folder / STATE).write_text(json.dumps(state, sort_keys=True) + "\n")
+        if self.keep_in_memory:
+            ckpt.source = None  # its optimizer state now lives in ckpt.trainer
+            self._memory[uri] = ckpt
+        return storage.content_hash(uri)
+
+    def forget(self, uri: str) -> None:
+        self._memory.pop(uri, None)

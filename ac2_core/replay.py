@@ -1,0 +1,122 @@
+"""Replay state and prefix planning: pure functions over plain rows, no I/O.
+
+The replay keeps, per problem, its newest trajectories (finished or partial). Each
+iteration picks problems, decides full or chunk mode per problem, and cuts chunk-mode
+prefixes at chunk boundaries of replayed trajectories (DESIGN.md section 2, step 1).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def cut_points(length: int, chunk_tokens: int, *, finished: bool) -> list[int]:
+    """Chunk boundaries at which a trajectory of ``length`` tokens may be cut.
+
+    Multiples of ``chunk_tokens`` below ``length``; an unfinished trajectory may also be
+    cut at its end (``length`` itself), which continues it.
+    """
+    cuts = list(range(0, length, chunk_tokens))
+    if not finished and length % chunk_tokens == 0:
+        cuts.append(length)
+    return cuts
+
+
+def _newest_first(row: dict) -> tuple:
+    return (-row["iteration"], -row["policy_version"], row["trajectory_id"])
+
+
+def choose_reference(trajectories: Iterable[dict], *, exclude: str | None, success_threshold: float) -> str | None:
+    """The latest successful finished trajectory of one problem, never ``exclude``.
+
+    ``exclude`` is the trajectory a chunk's prefix was cut from: showing the critic the
+    answer it is asked to judge would leak the outcome.
+    """
+    ok = [
+        t
+        for t in trajectories
+        if t["finished"] and t["reward"] is not None and t["reward"] >= success_threshold and t["trajectory_id"] != exclude
+    ]
+    return min(ok, key=_newest_first)["trajectory_id"] if ok else None
+
+
+def merge_replay(replay: list[dict], new: list[dict], *, max_per_problem: int) -> list[dict]:
+    """Add ``new`` trajectories and keep the newest ``max_per_problem`` of each problem."""
+    by_problem: dict[str, list[dict]] = defaultdict(list)
+    seen = set()
+    for row in [*new, *replay]:  # a rerun's rows replace older copies with the same id
+        if row["trajectory_id"] not in seen:
+            seen.add(row["trajectory_id"])
+            by_problem[row["problem_id"]].append(row)
+    merged = []
+    for pid in sorted(by_problem):
+        merged.extend(sorted(by_problem[pid], key=_newest_first)[:max_per_problem])
+    return merged
+
+
+def pick_problems(train_ids: list[str], replayed_ids: set[str], *, n: int, revisit_fraction: float, rng: np.random.Generator) -> list[str]:
+    """Draw ``n`` distinct problems: ``revisit_fraction`` of them from problems with replay.
+
+    Revisiting is what lets AC2 continue past trajectories at all: with 16 problems a
+    step from a pool of thousands, a problem would come back once in ~100 iterations
+    (DESIGN.md section 7). The rule does not depend on the algorithm, so GRPO draws the
+    same way.
+    """
+    if not train_ids:
+        raise ValueError("the problem set has no training problems")
+    n = min(n, len(train_ids))
+    revisit = sorted(replayed_ids & set(train_ids))
+    k = min(len(revisit), int(round(n * revisit_fraction)))
+    chosen = [revisit[i] for i in rng.choice(len(revisit), size=k, replace=False)] if k else []
+    rest = sorted(set(train_ids) - set(chosen))
+    chosen += [rest[i] for i in rng.choice(len(rest), size=n - k, replace=False)]
+    return sorted(chosen)
+
+
+@dataclass(frozen=True)
+class PlannedPrefix:
+    problem_id: str
+    mode: str  # full | chunk
+    source_trajectory_id: str | None
+    prefix_token_ids: list[int]
+    budget: int
+
+
+def plan_prefixes(
+    problem_id: str,
+    trajectories: list[dict],
+    *,
+    chunk_mode: bool,
+    k: int,
+    chunk_tokens: int,
+    max_response_tokens: int,
+    rng: np.random.Generator,
+) -> list[PlannedPrefix]:
+    """Full mode: one empty prefix with the whole budget. Chunk mode: up to ``k`` prefixes
+    cut at chunk boundaries of replayed trajectories, each with budget ``chunk_tokens``."""
+    full = [PlannedPrefix(problem_id, "full", None, [], max_response_tokens)]
+    if not chunk_mode:
+        return full
+    candidates = [
+        (t, cut)
+        for t in sorted(trajectories, key=_newest_first)
+        for cut in cut_points(len(t["token_ids"]), chunk_tokens, finished=t["finished"])
+        if cut < max_response_tokens
+    ]
+    if not candidates:
+        return full
+    picks = rng.choice(len(candidates), size=min(k, len(candidates)), replace=False)
+    return [
+        PlannedPrefix(
+            problem_id,
+            "chunk",
+            t["trajectory_id"],
+            list(t["token_ids"][:cut]),
+            min(chunk_tokens, max_response_tokens - cut),
+        )
+        for t, cut in (candidates[i] for i in sorted(picks))
+    ]

@@ -1,0 +1,171 @@
+"""The Arrow schema of every artifact table, declared once.
+
+Tables are checked against these on write and on read (``storage.write_table`` /
+``storage.read_table``). Bump ``SCHEMA_VERSION`` when a schema changes; manifests
+carry it, so an old artifact is refused with a message instead of misread.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+_tokens = pa.list_(pa.int32())
+
+# Columns every per-iteration table carries (DESIGN.md section 4).
+_run = [
+    pa.field("run_id", pa.string(), nullable=False),
+    pa.field("iteration", pa.int32(), nullable=False),
+]
+_versioned = [*_run, pa.field("policy_version", pa.int32(), nullable=False)]
+
+PROBLEMS = pa.schema(
+    [
+        pa.field("problem_id", pa.string(), nullable=False),
+        pa.field("split", pa.string(), nullable=False),  # train | val
+        pa.field("task", pa.string(), nullable=False),  # which grader judges it
+        pa.field("prompt", pa.string(), nullable=False),
+        pa.field("answer", pa.string()),  # final answer the grader checks, if the task has one
+        pa.field("solution", pa.string()),  # a known-good worked solution (SFT warm start), if any
+    ]
+)
+
+REPLAY = pa.schema(
+    [
+        *_run,  # iteration the trajectory was produced in
+        pa.field("policy_version", pa.int32(), nullable=False),
+        pa.field("trajectory_id", pa.string(), nullable=False),
+        pa.field("problem_id", pa.string(), nullable=False),
+        pa.field("source_trajectory_id", pa.string()),  # the trajectory its prefix was cut from
+        pa.field("token_ids", _tokens, nullable=False),  # response tokens so far (prompt excluded)
+        pa.field("finished", pa.bool_(), nullable=False),
+        pa.field("reward", pa.float32()),  # terminal reward, when finished
+    ]
+)
+
+PREFIXES = pa.schema(
+    [
+        *_versioned,
+        pa.field("prefix_id", pa.string(), nullable=False),
+        pa.field("problem_id", pa.string(), nullable=False),
+        pa.field("mode", pa.string(), nullable=False),  # full | chunk
+        pa.field("source_trajectory_id", pa.string()),  # replayed trajectory it was cut from (chunk mode)
+        pa.field("prefix_token_ids", _tokens, nullable=False),
+        pa.field("budget", pa.int32(), nullable=False),  # most tokens a continuation may add
+        pa.field("ref_trajectory_id", pa.string()),  # reference solution for the critic, if any
+    ]
+)
+
+CHUNKS = pa.schema(
+    [
+        *_versioned,
+        pa.field("chunk_id", pa.string(), nullable=False),
+        pa.field("prefix_id", pa.string(), nullable=False),
+        pa.field("problem_id", pa.string(), nullable=False),
+        pa.field("sample_index", pa.int32(), nullable=False),
+        pa.field("context_tokens", pa.int32(), nullable=False),  # prompt + prefix length it was decoded after
+        pa.field("token_ids", _tokens, nullable=False),
+        pa.field("logprobs", pa.list_(pa.float32()), nullable=False),  # behaviour log-probs, one per token
+        pa.field("finish_reason", pa.string(), nullable=False),  # stop | length | truncated
+    ]
+)
+
+SCORED_CHUNKS = pa.schema(
+    [
+        *_versioned,
+        pa.field("chunk_id", pa.string(), nullable=False),
+        pa.field("prefix_id", pa.string(), nullable=False),
+        pa.field("problem_id", pa.string(), nullable=False),
+        pa.field("mode", pa.string(), nullable=False),
+        pa.field("source_trajectory_id", pa.string()),
+        pa.field("ref_trajectory_id", pa.string()),
+        pa.field("response_token_ids", _tokens, nullable=False),  # prefix + chunk: the trajectory so far
+        pa.field("finished", pa.bool_(), nullable=False),
+        pa.field("reward", pa.float32()),  # grader's reward, when finished
+        pa.field("value_start", pa.float32()),  # V(x, s; ref)
+        pa.field("value_end", pa.float32()),  # V(x, s+c; ref), when not finished
+        pa.field("target", pa.float32(), nullable=False),  # y(c)
+        pa.field("target_source", pa.string(), nullable=False),  # reward | critic
+        pa.field("critic_flops", pa.float64(), nullable=False),  # critic forward work spent on this row and its pairs
+    ]
+)
+
+CRITIC_PAIRS = pa.schema(
+    [
+        *_versioned,
+        pa.field("pair_id", pa.string(), nullable=False),
+        pa.field("problem_id", pa.string(), nullable=False),
+        pa.field("trajectory_id", pa.string(), nullable=False),  # a finished chunk's trajectory
+        pa.field("cut", pa.int32(), nullable=False),  # state = response_token_ids[:cut]
+        pa.field("ref_trajectory_id", pa.string()),
+        pa.field("prediction", pa.float32(), nullable=False),  # V before the critic trained on it
+        pa.field("outcome", pa.float32(), nullable=False),
+        pa.field("critic_tokens", pa.int32(), nullable=False),  # length of the critic input for this state
+    ]
+)
+
+READINESS = pa.schema(
+    [
+        *_run,
+        pa.field("problem_id", pa.string(), nullable=False),
+        pa.field("predictions", pa.list_(pa.float32()), nullable=False),  # sliding window, oldest first
+        pa.field("outcomes", pa.list_(pa.float32()), nullable=False),
+        pa.field("error", pa.float32()),  # readiness metric on the window; null when undefined
+        pa.field("ready", pa.bool_(), nullable=False),
+    ]
+)
+
+ADVANTAGES = pa.schema(
+    [
+        *_versioned,
+        pa.field("chunk_id", pa.string(), nullable=False),
+        pa.field("prefix_id", pa.string(), nullable=False),
+        pa.field("problem_id", pa.string(), nullable=False),
+        pa.field("target", pa.float32(), nullable=False),
+        pa.field("baseline", pa.float32(), nullable=False),
+        pa.field("advantage", pa.float32(), nullable=False),
+        pa.field("weight", pa.float32(), nullable=False),  # 0 where the readiness gate masks a critic target
+    ]
+)
+
+METRICS = pa.schema(
+    [
+        *_versioned,
+        pa.field("val_score", pa.float32()),  # null on iterations without evaluation
+        pa.field("readiness_share", pa.float32(), nullable=False),  # ready problems / problems with a window
+        pa.field("chunk_groups", pa.int32(), nullable=False),
+        pa.field("full_groups", pa.int32(), nullable=False),
+        pa.field("mean_train_reward", pa.float32()),  # over finished chunks of this iteration
+        pa.field("critic_error", pa.float32()),  # binned calibration error over this iteration's pairs
+        pa.field("decode_tokens", pa.int64(), nullable=False),
+        pa.field("decode_flops", pa.float64(), nullable=False),
+        pa.field("prefill_flops", pa.float64(), nullable=False),
+        pa.field("critic_flops", pa.float64(), nullable=False),
+        pa.field("train_flops", pa.float64(), nullable=False),
+        pa.field("cum_decode_tokens", pa.int64(), nullable=False),
+        pa.field("cum_decode_flops", pa.float64(), nullable=False),
+        pa.field("cum_prefill_flops", pa.float64(), nullable=False),
+        pa.field("cum_critic_flops", pa.float64(), nullable=False),
+        pa.field("cum_train_flops", pa.float64(), nullable=False),
+    ]
+)
+
+TABLES: dict[str, pa.Schema] = {
+    "problems": PROBLEMS,
+    "replay": REPLAY,
+    "prefixes": PREFIXES,
+    "chunks": CHUNKS,
+    "scored_chunks": SCORED_CHUNKS,
+    "critic_pairs": CRITIC_PAIRS,
+    "readiness": READINESS,
+    "advantages": ADVANTAGES,
+    "metrics": METRICS,
+}
+
+
+def schema_for(table: str) -> pa.Schema:
+    try:
+        return TABLES[table]
+    except KeyError:
+        raise ValueError(f"unknown table {table!r}; known tables: {', '.join(TABLES)}") from None

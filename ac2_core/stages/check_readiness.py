@@ -1,0 +1,124 @@
+"""check_readiness: per-problem critic readiness, then chunk advantages behind the gate
+(DESIGN.md section 2, step 4).
+
+AC2: each problem keeps a sliding window of out-of-sample (prediction, outcome) pairs;
+it is ready when the window is large and calibrated enough. Advantages are
+``A(c) = y(c) - b`` per group (one prefix, G chunks), and on a problem that is not ready
+now, chunks whose target came from the critic get weight 0.
+
+GRPO: group-normalized terminal rewards, weight 1, and an empty readiness table.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from ac2_core.config import AC2Config
+from ac2_core.math import gate_weights, group_advantages, is_ready
+from ac2_core.stages.common import read, write
+
+STAGE = "check_readiness"
+
+
+def update_windows(cfg: AC2Config, previous: list[dict], pairs: list[dict], iteration: int) -> list[dict]:
+    """Append this iteration's pairs to each problem's window and re-judge readiness."""
+    windows = {r["problem_id"]: (list(r["predictions"]), list(r["outcomes"])) for r in previous}
+    for p in sorted(pairs, key=lambda p: p["pair_id"]):
+        preds, outs = windows.setdefault(p["problem_id"], ([], []))
+        preds.append(p["prediction"])
+        outs.append(p["outcome"])
+    rows = []
+    w = cfg.readiness.window
+    for pid in sorted(windows):
+        preds, outs = windows[pid][0][-w:], windows[pid][1][-w:]
+        ready, error = is_ready(
+            preds,
+            outs,
+            metric=cfg.readiness.metric,
+            min_pairs=cfg.readiness.min_pairs,
+            max_error=cfg.readiness.max_error,
+            require_mixed_outcomes=cfg.readiness.require_mixed_outcomes,
+            n_bins=cfg.readiness.n_bins,
+        )
+        rows.append(
+            {
+                "run_id": cfg.run_id,
+                "iteration": iteration,
+                "problem_id": pid,
+                "predictions": preds,
+                "outcomes": outs,
+                "error": None if error != error else error,  # nan -> null: undefined on this window
+                "ready": ready,
+            }
+        )
+    return rows
+
+
+def advantages(cfg: AC2Config, scored: list[dict], ready: set[str]) -> list[dict]:
+    if not scored:
+        return []
+    group_index = {g: i for i, g in enumerate(sorted({s["prefix_id"] for s in scored}))}
+    groups = torch.tensor([group_index[s["prefix_id"]] for s in scored])
+    targets = torch.tensor([s["target"] for s in scored], dtype=torch.float32)
+    starts = [s["value_start"] for s in scored]
+    if cfg.uses_critic:
+        baseline, scale = cfg.advantage.baseline, cfg.advantage.scale_std
+        weights = gate_weights(
+            torch.tensor([s["target_source"] == "critic" for s in scored]),
+            torch.tensor([s["problem_id"] in ready for s in scored]),
+        )
+    else:  # GRPO: group-normalized terminal rewards, as in math.grpo_advantages
+        baseline, scale = "mean", cfg.advantage.grpo_scale_std
+        weights = torch.ones_like(targets)
+    adv, base = group_advantages(
+        targets,
+        groups,
+        baseline=baseline,
+        values_start=torch.tensor(starts, dtype=torch.float32) if None not in starts else None,
+        scale_std=scale,
+    )
+    return [
+        {
+            "run_id": s["run_id"],
+            "iteration": s["iteration"],
+            "policy_version": s["policy_version"],
+            "chunk_id": s["chunk_id"],
+            "prefix_id": s["prefix_id"],
+            "problem_id": s["problem_id"],
+            "target": s["target"],
+            "baseline": float(b),
+            "advantage": float(a),
+            "weight": float(w),
+        }
+        for s, a, b, w in zip(scored, adv.tolist(), base.tolist(), weights.tolist())
+    ]
+
+
+
+def run(
+    cfg: AC2Config,
+    *,
+    iteration: int,
+    readiness: str | None,
+    critic_pairs: str,
+    scored_chunks: str,
+    out_readiness: str,
+    out_advantages: str,
+) -> dict:
+    scored = read(scored_chunks, "scored_chunks")
+    windows = update_windows(cfg, read(readiness, "readiness"), read(critic_pairs, "critic_pairs"), iteration) if cfg.uses_critic else []
+    ready = {w["problem_id"] for w in windows if w["ready"]}
+    rows = advantages(cfg, scored, ready)
+    write(cfg, STAGE, out_readiness, windows, "readiness")
+    adv_hash = write(cfg, STAGE, out_advantages, rows, "advantages")
+    active = [r for r in rows if r["weight"] > 0]
+    return {
+        "problems_with_window": len(windows),
+        "ready_problems": len(ready),
+        "readiness_share": len(ready) / len(windows) if windows else 0.0,
+        "gated_chunks": len(rows) - len(active),
+        "mean_abs_advantage": sum(abs(r["advantage"]) for r in active) / len(active) if active else 0.0,
+        "advantages_hash": adv_hash,
+    }

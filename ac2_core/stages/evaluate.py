@@ -1,0 +1,117 @@
+"""evaluate: the policy's score on held-out problems, and the iteration's compute bill.
+
+The metrics table is cumulative: it is last iteration's table plus one row. Compute is
+counted from the artifacts themselves (DESIGN.md section 2, "Compute accounting"):
+decode FLOPs per generated token at its context position, prefill once per prefix
+(the G samples share it, as with prefix caching), the critic forward work recorded by
+``score_chunks``, and 6N per token for both updates (as recorded in their checkpoints).
+"""
+
+from __future__ import annotations
+
+from ac2_core.config import AC2Config
+from ac2_core.generation import generate
+from ac2_core.math import attention_width, binned_calibration_error, count_non_embedding_params, decode_flops, prefill_flops, train_flops
+from ac2_core.models.store import ModelStore, read_state
+from ac2_core.stages.common import Problems, prompt_ids, read, seed_for, write
+from ac2_core.tasks import grade
+
+STAGE = "evaluate"
+
+
+def validation_score(cfg: AC2Config, model, tok, probs: Problems) -> float:
+    """Mean reward of sampled answers on the validation split.
+
+    The seed is the same every iteration (common random numbers), so changes between
+    iterations come from the policy, not from the draw.
+    """
+    val = probs.ids("val")
+    if not val:
+        raise ValueError("the problem set has no validation problems")
+    samples = generate(
+        model,
+        [prompt_ids(tok, probs[pid]["prompt"]) for pid in val],
+        [cfg.rollout.max_response_tokens] * len(val),
+        n=cfg.eval.samples_per_problem,
+        eos_id=tok.eos_token_id,
+        pad_id=tok.pad_token_id,
+        seed=seed_for(cfg, 0, STAGE),
+        temperature=cfg.rollout.temperature,
+        batch_size=cfg.generation.batch_size,
+    )
+    rewards = [
+        grade(probs[pid]["task"], probs[pid]["answer"], tok.decode(s.token_ids, skip_special_tokens=True))
+        for pid, group in zip(val, samples)
+        for s in group
+    ]
+    return sum(rewards) / len(rewards)
+
+
+def compute_bill(model, chunks, prefixes, scored, trained_tokens: int) -> dict:
+    n = count_non_embedding_params(model)
+    n_layers, d_attn = attention_width(model.config)
+    shape = dict(n_params=n, n_layers=n_layers, d_attn=d_attn)
+    decode = sum(decode_flops(**shape, start=c["context_tokens"], n_tokens=len(c["token_ids"])) for c in chunks)
+    context = {c["prefix_id"]: c["context_tokens"] for c in chunks}
+    prefill = sum(prefill_flops(**shape, n_tokens=context[p["prefix_id"]]) for p in prefixes if p["prefix_id"] in context)
+    return {
+        "decode_tokens": sum(len(c["token_ids"]) for c in chunks),
+        "decode_flops": float(decode),
+        "prefill_flops": float(prefill),
+        "critic_flops": float(sum(s["critic_flops"] for s in scored)),
+        "train_flops": float(train_flops(n_params=n, n_tokens=trained_tokens)),
+    }
+
+
+def run(
+    cfg: AC2Config,
+    *,
+    iteration: int,
+    problems: str,
+    actor: str,
+    prefixes: str,
+    chunks: str,
+    scored_chunks: str,
+    critic_pairs: str,
+    readiness: str,
+    critic: str | None,
+    metrics: str | None,
+    out_metrics: str,
+    store: ModelStore | None = None,
+) -> dict:
+    store = store or ModelStore(cfg)
+    probs = Problems.load(problems)
+    ckpt = store.load(actor, kind="actor")
+    previous = [m for m in read(metrics, "metrics") if m["iteration"] < iteration]  # a rerun replaces its own row
+    prefix_rows = read(prefixes, "prefixes")
+    scored = read(scored_chunks, "scored_chunks")
+    pairs = read(critic_pairs, "critic_pairs")
+    windows = read(readiness, "readiness")
+    trained = read_state(actor, kind="actor")["trained_tokens"]
+    if critic is not None:
+        trained += read_state(critic, kind="critic")["trained_tokens"]
+    bill = compute_bill(ckpt.model, read(chunks, "chunks"), prefix_rows, scored, trained)
+
+    due = iteration % cfg.eval.every == 0 or iteration >= cfg.run.iterations
+    finished = [s["reward"] for s in scored if s["finished"]]
+    last = previous[-1] if previous else None
+    row = {
+        "run_id": cfg.run_id,
+        "iteration": iteration,
+        "policy_version": ckpt.version,
+        "val_score": validation_score(cfg, ckpt.model, ckpt.tokenizer, probs) if due else None,
+        "readiness_share": sum(w["ready"] for w in windows) / len(windows) if windows else 0.0,
+        "chunk_groups": sum(p["mode"] == "chunk" for p in prefix_rows),
+        "full_groups": sum(p["mode"] == "full" for p in prefix_rows),
+        "mean_train_reward": sum(finished) / len(finished) if finished else None,
+        "critic_error": binned_calibration_error(
+            [p["prediction"] for p in pairs], [p["outcome"] for p in pairs], n_bins=cfg.readiness.n_bins
+        )
+        if pairs
+        else None,
+        **bill,
+    }
+    for key in ("decode_tokens", "decode_flops", "prefill_flops", "critic_flops", "train_flops"):
+        row[f"cum_{key}"] = (last[f"cum_{key}"] if last else 0) + row[key]
+    write(cfg, STAGE, out_metrics, [*previous, row], "metrics")
+    return {k: v for k, v in row.items() if k != "run_id"}

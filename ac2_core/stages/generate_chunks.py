@@ -1,0 +1,83 @@
+"""generate_chunks: continue every prefix G times, up to its budget (DESIGN.md section 2, step 2).
+
+Contexts are prompt tokens + prefix tokens, fed as ids and never re-tokenized. A chunk
+that ends the answer with eos is ``stop``; one that used its chunk budget is ``length``;
+one that reached ``max_response_tokens`` without eos is ``truncated`` (finished, and
+graded as it stands).
+"""
+
+from __future__ import annotations
+
+from ac2_core.config import AC2Config
+from ac2_core.generation import generate
+from ac2_core.models.store import ModelStore
+from ac2_core.stages.common import Problems, prompt_ids, read, seed_for, write
+
+STAGE = "generate_chunks"
+
+
+def finish_reason(sample_reason: str, response_len: int, max_response_tokens: int) -> str:
+    if sample_reason == "stop":
+        return "stop"
+    return "truncated" if response_len >= max_response_tokens else "length"
+
+
+def run(
+    cfg: AC2Config,
+    *,
+    iteration: int,
+    problems: str,
+    prefixes: str,
+    actor: str,
+    out_chunks: str,
+    store: ModelStore | None = None,
+    progress=None,
+) -> dict:
+    store = store or ModelStore(cfg)
+    probs = Problems.load(problems)
+    rows = read(prefixes, "prefixes")
+    policy = store.load(actor, kind="actor")
+    tok = policy.tokenizer
+    prompts = {pid: prompt_ids(tok, probs[pid]["prompt"]) for pid in sorted({r["problem_id"] for r in rows})}
+    contexts = [prompts[r["problem_id"]] + r["prefix_token_ids"] for r in rows]
+    samples = generate(
+        policy.model,
+        contexts,
+        [r["budget"] for r in rows],
+        n=cfg.rollout.group_size,
+        eos_id=tok.eos_token_id,
+        pad_id=tok.pad_token_id,
+        seed=seed_for(cfg, iteration, STAGE),
+        temperature=cfg.rollout.temperature,
+        batch_size=cfg.generation.batch_size,
+        progress=progress,
+    )
+    out = []
+    for r, ctx, group in zip(rows, contexts, samples):
+        for j, s in enumerate(group):
+            out.append(
+                {
+                    "run_id": cfg.run_id,
+                    "iteration": iteration,
+                    "policy_version": policy.version,
+                    "chunk_id": f"{r['prefix_id']}-s{j}",
+                    "prefix_id": r["prefix_id"],
+                    "problem_id": r["problem_id"],
+                    "sample_index": j,
+                    "context_tokens": len(ctx),
+                    "token_ids": s.token_ids,
+                    "logprobs": s.logprobs,
+                    "finish_reason": finish_reason(
+                        s.finish_reason, len(r["prefix_token_ids"]) + len(s.token_ids), cfg.rollout.max_response_tokens
+                    ),
+                }
+            )
+    chunk_hash = write(cfg, STAGE, out_chunks, out, "chunks")
+    decoded = sum(len(c["token_ids"]) for c in out)
+    return {
+        "chunks": len(out),
+        "decode_tokens": decoded,
+        "finished": sum(c["finish_reason"] != "length" for c in out),
+        "policy_version": policy.version,
+        "chunks_hash": chunk_hash,
+    }

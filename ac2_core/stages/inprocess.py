@@ -1,0 +1,128 @@
+"""The ``inprocess`` runner: the seven stages chained for N iterations in one process.
+
+It calls the same stage functions on the same artifact layout as the KFP pipeline, but
+keeps the actor and critic in memory between stages (``ModelStore(keep_in_memory=True)``)
+and pays the torch import once. Tests and benchmarks with many iterations use it.
+A run folder that already holds finished iterations is resumed after the last one.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ac2_core import storage
+from ac2_core.bootstrap import bootstrap
+from ac2_core.config import AC2Config
+from ac2_core.models.store import ModelStore
+from ac2_core.stages import check_readiness, evaluate, generate_chunks, sample_prefixes, score_chunks, update_actor, update_critic
+from ac2_core.stages.layout import RunLayout
+
+Log = Callable[[str], None]
+
+
+def stage_calls(cfg: AC2Config, layout: RunLayout, it: int) -> list[tuple[str, Callable, dict]]:
+    """The iteration as (stage name, function, keyword arguments), in dependency order."""
+    prev = lambda name: layout.output(it - 1, name) if it > 1 else None  # noqa: E731
+    out = lambda name: layout.output(it, name)  # noqa: E731
+    actor_in = layout.output(it - 1, "actor")
+    critic_in = layout.output(it - 1, "critic") if cfg.uses_critic else None
+    problems = layout.bootstrap("problems")
+    calls = [
+        ("sample_prefixes", sample_prefixes.run, dict(
+            problems=problems, replay=prev("replay"), scored_chunks=prev("scored_chunks"), readiness=prev("readiness"),
+            actor=actor_in, out_replay=out("replay"), out_prefixes=out("prefixes"))),
+        ("generate_chunks", generate_chunks.run, dict(
+            problems=problems, prefixes=out("prefixes"), actor=actor_in, out_chunks=out("chunks"))),
+        ("score_chunks", score_chunks.run, dict(
+            problems=problems, replay=out("replay"), prefixes=out("prefixes"), chunks=out("chunks"), actor=actor_in,
+            critic=critic_in, out_scored_chunks=out("scored_chunks"), out_critic_pairs=out("critic_pairs"))),
+        ("check_readiness", check_readiness.run, dict(
+            readiness=prev("readiness"), critic_pairs=out("critic_pairs"), scored_chunks=out("scored_chunks"),
+            out_readiness=out("readiness"), out_advantages=out("advantages"))),
+        ("update_actor", update_actor.run, dict(
+            problems=problems, actor=actor_in, prefixes=out("prefixes"), chunks=out("chunks"),
+            advantages=out("advantages"), out_actor=out("actor"),
+            reference=layout.bootstrap("actor") if cfg.actor.kl_beta > 0 else None)),
+    ]
+    if cfg.uses_critic:
+        calls.append(("update_critic", update_critic.run, dict(
+            problems=problems, replay=out("replay"), critic=critic_in, critic_pairs=out("critic_pairs"),
+            scored_chunks=out("scored_chunks"), out_critic=out("critic"))))
+    calls.append(("evaluate", evaluate.run, dict(
+        problems=problems, actor=out("actor"), prefixes=out("prefixes"), chunks=out("chunks"),
+        scored_chunks=out("scored_chunks"), critic_pairs=out("critic_pairs"), readiness=out("readiness"),
+        critic=out("critic") if cfg.uses_critic else None, metrics=prev("metrics"), out_metrics=out("metrics"))))
+    return calls
+
+
+_TAKES_STORE = {"generate_chunks", "score_chunks", "update_actor", "update_critic", "evaluate"}
+
+
+def run_iteration(cfg: AC2Config, layout: RunLayout, it: int, store: ModelStore, log: Log) -> dict:
+    results, times = {}, {}
+    for name, fn, kwargs in stage_calls(cfg, layout, it):
+        t0 = time.perf_counter()
+        extra = {"store": store} if name in _TAKES_STORE else {}
+        results[name] = fn(cfg, iteration=it, **kwargs, **extra)
+        times[name] = time.perf_counter() - t0
+    results["seconds"] = times
+    return results
+
+
+def completed_iterations(layout: RunLayout) -> int:
+    """The last iteration whose metrics were published (0 if none)."""
+    it = 0
+    while storage.exists(layout.output(it + 1, "metrics")):
+        it += 1
+    return it
+
+
+def _prune(cfg: AC2Config, layout: RunLayout, it: int) -> None:
+    """Drop checkpoints older than the newest ``run.keep_models`` iterations (tables are kept)."""
+    old = it - cfg.run.keep_models
+    if old >= 1:
+        for name in ("actor", "critic"):
+            path = Path(layout.output(old, name))
+            if path.exists():
+                shutil.rmtree(path)
+
+
+def format_row(m: dict) -> str:
+    val = "   -  " if m["val_score"] is None else f"{m['val_score']:.3f}"
+    return (
+        f"{m['iteration']:>5} {val:>6} {m['readiness_share']:>7.2f} {m['chunk_groups']:>6}/{m['full_groups']:<4}"
+        f" {m['decode_tokens']:>9} {m['cum_decode_flops']:>12.3e}"
+    )
+
+
+HEADER = f"{'iter':>5} {'val':>6} {'ready':>7} {'chunk/full':>11} {'dec_tok':>9} {'cum_dec_FLOPs':>12}"
+
+
+def run(cfg: AC2Config, out_dir: str, *, log: Log = print) -> list[dict]:
+    """Bootstrap (once), then run iterations up to ``cfg.run.iterations``; returns the metrics rows."""
+    layout = RunLayout(out_dir)
+    store = ModelStore(cfg, keep_in_memory=True)
+    t_start = time.perf_counter()
+    if not storage.exists(layout.bootstrap("critic")):
+        bootstrap(cfg, problems=layout.bootstrap("problems"), actor=layout.bootstrap("actor"),
+                  critic=layout.bootstrap("critic"), log=log)
+    done = completed_iterations(layout)
+    if done:
+        log(f"resuming {out_dir} after iteration {done}")
+    log(f"{cfg.algorithm} training: iterations {done + 1}..{cfg.run.iterations}")
+    log(HEADER)
+    for it in range(done + 1, cfg.run.iterations + 1):
+        t0 = time.perf_counter()
+        res = run_iteration(cfg, layout, it, store, log)
+        metrics = storage.read_rows(layout.output(it, "metrics"), kind="metrics")[-1]
+        log(f"{format_row(metrics)}   {time.perf_counter() - t0:5.1f}s")
+        store.forget(layout.output(it - 1, "actor"))
+        store.forget(layout.output(it - 1, "critic"))
+        _prune(cfg, layout, it)
+        del res
+    rows = storage.read_rows(layout.output(cfg.run.iterations, "metrics"), kind="metrics")
+    log(f"done in {time.perf_counter() - t_start:.0f}s: {out_dir}")
+    return rows

@@ -1,0 +1,148 @@
+"""score_chunks: terminal rewards, critic values, and (prediction, outcome) pairs
+(DESIGN.md section 2, step 3).
+
+- A finished chunk gets the grader's reward R; an unfinished one gets V(x, s+c; ref).
+- Every chunk also gets V(x, s; ref) at its start.
+- Every finished trajectory is scored by the critic at each chunk boundary: these
+  (prediction, outcome) pairs are scored here, before ``update_critic`` trains on the
+  outcomes, so readiness is always measured out of sample.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ac2_core.config import AC2Config
+from ac2_core.generation.scoring import score_inputs
+from ac2_core.math import attention_width, count_non_embedding_params, critic_flops
+from ac2_core.models.store import ModelStore
+from ac2_core.replay import cut_points
+from ac2_core.stages.common import Problems, read, write
+from ac2_core.stages.critic_io import CriticInputs
+from ac2_core.tasks import grade
+
+STAGE = "score_chunks"
+
+
+def reward_for(problem: dict, response: str, chunk_id: str) -> float:
+    """The grader's reward, refused unless it is a number in [0, 1]."""
+    r = grade(problem["task"], problem["answer"], response)
+    if not isinstance(r, (int, float)) or not math.isfinite(r) or not 0.0 <= r <= 1.0:
+        raise ValueError(f"grader {problem['task']!r} returned {r!r} for chunk {chunk_id} (problem {problem['problem_id']}); rewards must be finite numbers in [0, 1]")
+    return float(r)
+
+
+def run(
+    cfg: AC2Config,
+    *,
+    iteration: int,
+    problems: str,
+    replay: str,
+    prefixes: str,
+    chunks: str,
+    actor: str,
+    critic: str | None,
+    out_scored_chunks: str,
+    out_critic_pairs: str,
+    store: ModelStore | None = None,
+) -> dict:
+    store = store or ModelStore(cfg)
+    probs = Problems.load(problems)
+    prefix_by_id = {p["prefix_id"]: p for p in read(prefixes, "prefixes")}
+    rows = read(chunks, "chunks")
+    use_critic = cfg.uses_critic
+    if use_critic and critic is None:
+        raise ValueError("algorithm ac2 needs a critic checkpoint for score_chunks")
+
+    ckpt = store.load(critic, kind="critic") if use_critic else None
+    tok = store.tokenizer(actor, kind="actor")  # rewards are graded on the decoded text
+
+    scored, pairs, requests = [], [], []  # requests: (row index, slot, critic input)
+    builder = CriticInputs(cfg, tok, probs, read(replay, "replay")) if use_critic else None
+    for c in rows:
+        p = prefix_by_id.get(c["prefix_id"])
+        if p is None:
+            raise ValueError(f"{chunks}: chunk {c['chunk_id']} refers to prefix {c['prefix_id']}, absent from {prefixes}")
+        response = p["prefix_token_ids"] + c["token_ids"]
+        finished = c["finish_reason"] != "length"
+        reward = reward_for(probs[c["problem_id"]], tok.decode(response, skip_special_tokens=True), c["chunk_id"]) if finished else None
+        i = len(scored)
+        scored.append(
+            {
+                "run_id": cfg.run_id,
+                "iteration": iteration,
+                "policy_version": c["policy_version"],
+                "chunk_id": c["chunk_id"],
+                "prefix_id": c["prefix_id"],
+                "problem_id": c["problem_id"],
+                "mode": p["mode"],
+                "source_trajectory_id": p["source_trajectory_id"],
+                "ref_trajectory_id": p["ref_trajectory_id"],
+                "response_token_ids": response,
+                "finished": finished,
+                "reward": reward,
+                "value_start": None,
+                "value_end": None,
+                "target": reward,
+                "target_source": "reward" if finished else "critic",
+                "critic_flops": 0.0,
+            }
+        )
+        if builder is None:
+            continue
+        build = lambda state: builder.build(c["problem_id"], p["ref_trajectory_id"], state)  # noqa: E731
+        requests.append((i, "value_start", build(p["prefix_token_ids"])))
+        if not finished:
+            requests.append((i, "value_end", build(response)))
+            continue
+        for cut in cut_points(len(response), cfg.rollout.chunk_tokens, finished=True):
+            pairs.append(
+                {
+                    "run_id": cfg.run_id,
+                    "iteration": iteration,
+                    "policy_version": c["policy_version"],
+                    "pair_id": f"{c['chunk_id']}-c{cut}",
+                    "problem_id": c["problem_id"],
+                    "trajectory_id": c["chunk_id"],
+                    "cut": cut,
+                    "ref_trajectory_id": p["ref_trajectory_id"],
+                    "prediction": None,
+                    "outcome": reward,
+                    "critic_tokens": 0,
+                }
+            )
+            requests.append((i, len(pairs) - 1, build(response[:cut])))
+
+    if ckpt is not None and requests:
+        _apply_critic(ckpt, requests, scored, pairs, batch_size=cfg.critic.score_batch_size)
+    scored_hash = write(cfg, STAGE, out_scored_chunks, scored, "scored_chunks")
+    write(cfg, STAGE, out_critic_pairs, pairs, "critic_pairs")
+    rewards = [s["reward"] for s in scored if s["finished"]]
+    return {
+        "chunks": len(scored),
+        "finished": len(rewards),
+        "mean_reward": sum(rewards) / len(rewards) if rewards else float("nan"),
+        "critic_pairs": len(pairs),
+        "critic_inputs": len({tuple(r[2]) for r in requests}),
+        "critic_flops": sum(s["critic_flops"] for s in scored),
+        "scored_chunks_hash": scored_hash,
+    }
+
+
+def _apply_critic(ckpt, requests, scored, pairs, *, batch_size: int) -> None:
+    inputs = [r[2] for r in requests]
+    values = score_inputs(ckpt.model, inputs, pad_id=ckpt.tokenizer.pad_token_id, batch_size=batch_size)
+    n_params = count_non_embedding_params(ckpt.model)
+    n_layers, d_attn = attention_width(ckpt.model.backbone.config)
+    charged = set()
+    for (i, slot, x), v in zip(requests, values):
+        if isinstance(slot, int):
+            pairs[slot]["prediction"] = v
+            pairs[slot]["critic_tokens"] = len(x)
+        else:
+            scored[i][slot] = v
+            if slot == "value_end":
+                scored[i]["target"] = v
+        if tuple(x) not in charged:  # identical inputs are computed once; charge the first row
+            charged.add(tuple(x))
+            scored[i]["critic_flops"] += critic_flops(n_params=n_params, n_layers=n_layers, d_attn=d_attn, n_tokens=len(x))

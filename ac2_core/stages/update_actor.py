@@ -1,0 +1,123 @@
+"""update_actor: PPO-clip policy gradient on chunk tokens (DESIGN.md section 2, step 5).
+
+The context is prompt + prefix; only the chunk's own tokens carry loss. The ratio is
+taken against the behaviour log-probs recorded by ``generate_chunks``, under the same
+sampling temperature. The loss is a mean over every token of the rows that the gate
+lets through, so micro-batches sum to the full-batch loss.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ac2_core.config import AC2Config
+from ac2_core.math import ppo_clip_loss
+from ac2_core.models.store import ModelStore
+from ac2_core.stages.common import Problems, prompt_ids, read
+
+STAGE = "update_actor"
+
+
+def trained_rows(advantages: list[dict]) -> list[dict]:
+    """Rows that carry gradient: let through by the gate, with a non-zero advantage."""
+    return [a for a in advantages if a["weight"] > 0 and a["advantage"] != 0]
+
+
+def token_logprobs(model, contexts: list[list[int]], responses: list[list[int]], *, pad_id: int, temperature: float):
+    """Log-probs of each response token given its context: (B, T) plus a (B, T) mask."""
+    seqs = [c + r for c, r in zip(contexts, responses)]
+    width = max(map(len, seqs))
+    T = max(map(len, responses))
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s)
+        attn[i, : len(s)] = 1
+    logits = model(input_ids=ids, attention_mask=attn).logits.float()
+    logp = torch.log_softmax(logits[:, :-1] / temperature, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    out = torch.zeros((len(seqs), T))
+    mask = torch.zeros((len(seqs), T))
+    for i, (c, r) in enumerate(zip(contexts, responses)):
+        # the token at position p is predicted by the logits at p - 1
+        out[i, : len(r)] = logp[i, len(c) - 1 : len(c) - 1 + len(r)]
+        mask[i, : len(r)] = 1
+    return out, mask
+
+
+def run(
+    cfg: AC2Config,
+    *,
+    iteration: int,
+    problems: str,
+    actor: str,
+    prefixes: str,
+    chunks: str,
+    advantages: str,
+    out_actor: str,
+    reference: str | None = None,
+    store: ModelStore | None = None,
+) -> dict:
+    store = store or ModelStore(cfg)
+    if cfg.actor.kl_beta > 0 and reference is None:
+        raise ValueError("actor.kl_beta > 0 needs the reference policy: pass reference=")
+    probs = Problems.load(problems)
+    prefix_by_id = {p["prefix_id"]: p for p in read(prefixes, "prefixes")}
+    chunk_by_id = {c["chunk_id"]: c for c in read(chunks, "chunks")}
+    adv_rows = read(advantages, "advantages")
+    ckpt = store.take(actor, kind="actor")
+    tok = ckpt.tokenizer
+    ref_model = store.load(reference, kind="actor").model if cfg.actor.kl_beta > 0 else None
+
+    # Every token of a row the gate lets through counts in the mean; rows with A = 0
+    # add nothing to the gradient, so only rows with A != 0 are computed.
+    normalizer = sum(len(chunk_by_id[a["chunk_id"]]["token_ids"]) for a in adv_rows if a["weight"] > 0)
+    rows = trained_rows(adv_rows)
+    prompts: dict[str, list[int]] = {}
+    batch = []
+    for a in rows:
+        c, p = chunk_by_id[a["chunk_id"]], prefix_by_id[a["prefix_id"]]
+        if a["problem_id"] not in prompts:
+            prompts[a["problem_id"]] = prompt_ids(tok, probs[a["problem_id"]]["prompt"])
+        batch.append((prompts[a["problem_id"]] + p["prefix_token_ids"], c["token_ids"], c["logprobs"], a["advantage"] * a["weight"]))
+    mbs = [batch[i : i + cfg.actor.micro_batch_size] for i in range(0, len(batch), cfg.actor.micro_batch_size)]
+
+    def loss_fn(model, mb):
+        contexts, responses, old, adv = zip(*mb)
+        kw = dict(pad_id=tok.pad_token_id, temperature=cfg.rollout.temperature)
+        lp, mask = token_logprobs(model, list(contexts), list(responses), **kw)
+        old_lp = torch.zeros_like(lp)
+        for i, o in enumerate(old):
+            old_lp[i, : len(o)] = torch.tensor(o)
+        ref_lp = None
+        if ref_model is not None:
+            with torch.no_grad():
+                ref_lp, _ = token_logprobs(ref_model, list(contexts), list(responses), **kw)
+        loss, stats = ppo_clip_loss(
+            lp,
+            old_lp,
+            torch.tensor(adv, dtype=torch.float32),
+            mask,
+            clip_low=cfg.actor.clip_low,
+            clip_high=cfg.actor.clip_high,
+            ref_logprobs=ref_lp,
+            kl_beta=cfg.actor.kl_beta,
+            normalizer=float(normalizer),
+        )
+        share = float(mask.sum()) / normalizer  # stats are per-token means: weight by this batch's tokens
+        return loss, {k: v * share for k, v in stats.items()}
+
+    trainer = store.trainer(ckpt)
+    history = [trainer.step(mbs, loss_fn) for _ in range(cfg.actor.steps_per_iteration)] if mbs else []
+    ckpt.version += 1
+    ckpt.trained_tokens = len(history) * sum(len(ctx) + len(resp) for ctx, resp, _, _ in batch)
+    actor_hash = store.save(out_actor, ckpt, stage=STAGE)
+    last = history[-1] if history else {}
+    return {
+        "trained_chunks": len(rows),
+        "trained_tokens": ckpt.trained_tokens,
+        "loss": last.get("loss", 0.0),
+        "clip_fraction": last.get("clip_fraction", 0.0),
+        "grad_norm": last.get("grad_norm", 0.0),
+        "policy_version": ckpt.version,
+        "actor_hash": actor_hash,
+    }

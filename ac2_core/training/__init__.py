@@ -1,0 +1,1 @@
+"""Training backends. ``torch`` is the default."""

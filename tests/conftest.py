@@ -1,0 +1,61 @@
+"""Shared fixtures: a tiny config and a bootstrapped run folder, built once per session."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ac2_core.bootstrap import bootstrap
+from ac2_core.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY = ROOT / "pipelines" / "configs" / "toy.yaml"
+
+# Small enough for seconds per iteration, permissive enough that chunk mode happens in
+# iteration 2: every problem with 2 pairs is ready, and every problem is revisited.
+TINY = {
+    "model.tiny": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "head_dim": 32, "intermediate_size": 128},
+    "task.train_size": 64,
+    "task.val_size": 8,
+    "task.n_terms": 3,
+    "warm_start.max_steps": 0,
+    "rollout.problems_per_iteration": 4,
+    "rollout.group_size": 4,
+    "rollout.chunk_tokens": 8,
+    "rollout.max_response_tokens": 32,
+    "rollout.revisit_fraction": 1.0,
+    "rollout.probe_fraction": 0.0,
+    "readiness.min_pairs": 2,
+    "readiness.max_error": 1.0,
+    "readiness.require_mixed_outcomes": False,
+    "critic.warmup_iterations": 0,
+    "critic.max_input_tokens": 96,
+    "eval.every": 1,
+    "eval.samples_per_problem": 1,
+    "run.iterations": 2,
+}
+
+
+def tiny_config(**overrides):
+    return load_config(TOY, {**TINY, **{k.replace("__", "."): v for k, v in overrides.items()}})
+
+
+@pytest.fixture(scope="session")
+def tiny_cfg():
+    return tiny_config()
+
+
+@pytest.fixture(scope="session")
+def _bootstrap_dir(tmp_path_factory, tiny_cfg):
+    root = tmp_path_factory.mktemp("bootstrap")
+    bootstrap(tiny_cfg, problems=str(root / "problems"), actor=str(root / "actor"), critic=str(root / "critic"), log=lambda _: None)
+    return root
+
+
+@pytest.fixture
+def run_dir(tmp_path, _bootstrap_dir) -> Path:
+    """A fresh run folder whose bootstrap (problems, actor, critic) is already written."""
+    shutil.copytree(_bootstrap_dir, tmp_path / "run" / "bootstrap")
+    return tmp_path / "run"

@@ -1,0 +1,188 @@
+"""The seven stages on a tiny model: chaining, token-exact continuation, reruns, bad input."""
+
+from __future__ import annotations
+
+import math
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from ac2_core import storage
+from ac2_core.models.store import ModelStore
+from ac2_core.schemas import TABLES
+from ac2_core.stages import inprocess, sample_prefixes, score_chunks
+from ac2_core.stages.common import Problems, prompt_ids
+from ac2_core.stages.layout import OUTPUTS, RunLayout
+from ac2_core.stages.update_actor import token_logprobs
+from tests.conftest import tiny_config
+
+
+def run_stages(cfg, layout, it, *, store=None, out_root=None):
+    """Run one iteration stage by stage; optionally redirect every output under out_root."""
+    results = {}
+    for name, fn, kwargs in inprocess.stage_calls(cfg, layout, it):
+        if out_root is not None:
+            kwargs = {k: (str(out_root / name / k) if k.startswith("out_") else v) for k, v in kwargs.items()}
+        extra = {"store": store} if "store" in fn.__code__.co_varnames else {}
+        results[name] = fn(cfg, iteration=it, **kwargs, **extra)
+    return results
+
+
+def rows(layout, it, name):
+    return storage.read_rows(layout.output(it, name), kind=name if name in TABLES else None)
+
+
+def test_each_stage_reads_what_the_previous_wrote(run_dir, tiny_cfg):
+    layout = RunLayout(str(run_dir))
+    for it in (1, 2):
+        run_stages(tiny_cfg, layout, it)
+        for stage, names in OUTPUTS.items():
+            for name in names:
+                if name in TABLES:  # read back through the declared schema and manifest
+                    storage.read_table(layout.output(it, name), kind=name)
+                else:
+                    assert storage.read_manifest(layout.output(it, name)).stage == stage
+        prefixes = rows(layout, it, "prefixes")
+        chunks = rows(layout, it, "chunks")
+        scored = rows(layout, it, "scored_chunks")
+        advantages = rows(layout, it, "advantages")
+        assert len(chunks) == len(prefixes) * tiny_cfg.rollout.group_size
+        assert [c["chunk_id"] for c in chunks] == [s["chunk_id"] for s in scored] == [a["chunk_id"] for a in advantages]
+        assert {c["policy_version"] for c in chunks} == {it - 1}
+    # iteration 2 revisits problems that became ready in iteration 1, so chunk mode happens
+    modes = {p["mode"] for p in rows(layout, 2, "prefixes")}
+    assert "chunk" in modes
+    assert storage.read_rows(layout.output(2, "metrics"), kind="metrics")[-1]["iteration"] == 2
+
+
+def test_every_chunk_continues_its_prefix_token_for_token(run_dir, tiny_cfg):
+    layout = RunLayout(str(run_dir))
+    store = ModelStore(tiny_cfg)
+    for it in (1, 2):
+        run_stages(tiny_cfg, layout, it, store=store)
+    prefixes = {p["prefix_id"]: p for p in rows(layout, 2, "prefixes")}
+    replay = {t["trajectory_id"]: t for t in rows(layout, 2, "replay")}
+    chunks = rows(layout, 2, "chunks")
+    for s, c in zip(rows(layout, 2, "scored_chunks"), chunks):
+        p = prefixes[s["prefix_id"]]
+        assert s["response_token_ids"] == p["prefix_token_ids"] + c["token_ids"]
+        if p["mode"] == "chunk":
+            source = replay[p["source_trajectory_id"]]["token_ids"]
+            assert p["prefix_token_ids"] == source[: len(p["prefix_token_ids"])]
+            assert len(p["prefix_token_ids"]) % tiny_cfg.rollout.chunk_tokens == 0
+            assert s["ref_trajectory_id"] != p["source_trajectory_id"]
+    # The recorded behaviour log-probs are the policy's log-probs of each chunk token given
+    # prompt + prefix: generation really conditioned on the prefix ids.
+    actor = store.load(layout.output(1, "actor"), kind="actor")
+    probs = Problems.load(layout.bootstrap("problems"))
+    contexts = [prompt_ids(actor.tokenizer, probs[c["problem_id"]]["prompt"]) + prefixes[c["prefix_id"]]["prefix_token_ids"] for c in chunks]
+    assert all(len(ctx) == c["context_tokens"] for ctx, c in zip(contexts, chunks))
+    with torch.no_grad():
+        lp, mask = token_logprobs(actor.model, contexts, [c["token_ids"] for c in chunks], pad_id=actor.tokenizer.pad_token_id, temperature=1.0)
+    for i, c in enumerate(chunks):
+        torch.testing.assert_close(lp[i, : len(c["token_ids"])], torch.tensor(c["logprobs"]), atol=1e-4, rtol=0)
+
+
+def test_rerun_with_same_inputs_gives_identical_outputs(run_dir, tiny_cfg, tmp_path):
+    layout = RunLayout(str(run_dir))
+    run_stages(tiny_cfg, layout, 1)
+    run_stages(tiny_cfg, layout, 2)
+    rerun = tmp_path / "rerun"
+    run_stages(tiny_cfg, layout, 2, out_root=rerun)
+    for name, fn, kwargs in inprocess.stage_calls(tiny_cfg, layout, 2):
+        for key, uri in kwargs.items():
+            if key.startswith("out_"):
+                assert storage.content_hash(str(rerun / name / key)) == storage.content_hash(uri), f"{name}.{key}"
+
+
+@pytest.mark.parametrize("algorithm", ["ac2", "grpo"])
+def test_two_iteration_run(tmp_path, _bootstrap_dir, algorithm):
+    import shutil
+
+    cfg = tiny_config(algorithm=algorithm)
+    shutil.copytree(_bootstrap_dir, tmp_path / "bootstrap")
+    metrics = inprocess.run(cfg, str(tmp_path), log=lambda _: None)
+    assert [m["iteration"] for m in metrics] == [1, 2]
+    assert all(m["val_score"] is not None and 0 <= m["val_score"] <= 1 for m in metrics)
+    assert metrics[1]["cum_decode_flops"] > metrics[0]["cum_decode_flops"] > 0
+    assert metrics[1]["cum_train_flops"] >= metrics[0]["cum_train_flops"]
+    if algorithm == "grpo":
+        assert all(m["critic_flops"] == 0 and m["chunk_groups"] == 0 for m in metrics)
+        assert not (tmp_path / "iter-0001" / "update_critic").exists()
+    else:
+        assert all(m["critic_flops"] > 0 for m in metrics)
+        assert metrics[0]["train_flops"] > 0  # the critic trains even when every reward is 0
+        assert metrics[1]["chunk_groups"] > 0
+
+
+def test_resume_continues_after_the_last_finished_iteration(tmp_path, _bootstrap_dir):
+    import shutil
+
+    shutil.copytree(_bootstrap_dir, tmp_path / "bootstrap")
+    inprocess.run(tiny_config(run__iterations=1), str(tmp_path), log=lambda _: None)
+    first = storage.content_hash(str(tmp_path / "iter-0001" / "evaluate" / "metrics"))
+    logs = []
+    metrics = inprocess.run(tiny_config(run__iterations=2), str(tmp_path), log=logs.append)
+    assert any("resuming" in line and "after iteration 1" in line for line in logs)
+    assert [m["iteration"] for m in metrics] == [1, 2]
+    assert storage.content_hash(str(tmp_path / "iter-0001" / "evaluate" / "metrics")) == first
+
+
+# ----------------------------------------------------------------------- bad input
+
+
+def test_empty_problem_set_is_refused_and_writes_nothing(run_dir, tiny_cfg, tmp_path):
+    empty = str(tmp_path / "empty_problems")
+    storage.write_table(empty, storage.table_from_rows([], "problems"), kind="problems", stage="test", config_hash="x")
+    layout = RunLayout(str(run_dir))
+    with pytest.raises(ValueError, match="problem set is empty"):
+        sample_prefixes.run(
+            tiny_cfg, iteration=1, problems=empty, replay=None, scored_chunks=None, readiness=None,
+            actor=layout.bootstrap("actor"), out_replay=str(tmp_path / "r"), out_prefixes=str(tmp_path / "p"),
+        )
+    assert not (tmp_path / "r").exists() and not (tmp_path / "p").exists()
+
+
+def test_nan_reward_from_grader_is_refused_and_writes_nothing(run_dir, tiny_cfg, monkeypatch):
+    layout = RunLayout(str(run_dir))
+    calls = inprocess.stage_calls(tiny_cfg, layout, 1)
+    for name, fn, kwargs in calls[:2]:
+        fn(tiny_cfg, iteration=1, **kwargs)
+    monkeypatch.setattr(score_chunks, "grade", lambda task, answer, response: math.nan)
+    _, fn, kwargs = calls[2]
+    with pytest.raises(ValueError, match=r"grader 'arith' returned nan for chunk .* rewards must be finite"):
+        fn(tiny_cfg, iteration=1, **kwargs)
+    assert not storage.exists(kwargs["out_scored_chunks"])
+    assert not storage.exists(kwargs["out_critic_pairs"])
+
+
+@pytest.mark.parametrize("damage", ["drop_column", "wrong_type"])
+def test_stage_refuses_a_malformed_chunks_table(run_dir, tiny_cfg, tmp_path, damage):
+    layout = RunLayout(str(run_dir))
+    calls = inprocess.stage_calls(tiny_cfg, layout, 1)
+    for name, fn, kwargs in calls[:2]:
+        fn(tiny_cfg, iteration=1, **kwargs)
+    chunks_uri = layout.output(1, "chunks")
+    table = storage.read_table(chunks_uri, kind="chunks")
+    if damage == "drop_column":
+        table = table.drop_columns(["logprobs"])
+        expected = "missing column.*logprobs"
+    else:
+        table = table.set_column(table.schema.get_field_index("sample_index"), "sample_index", table.column("sample_index").cast(pa.int64()))
+        expected = "column sample_index of chunks should be int32, found int64"
+    # Forge a well-formed manifest around the damaged table, as a foreign writer might.
+    data = storage.join(chunks_uri, storage.DATA)
+    pq.write_table(table, data)
+    manifest = storage.read_manifest(chunks_uri)
+    with open(data, "rb") as f:
+        import hashlib
+
+        manifest.files[storage.DATA]["sha256"] = hashlib.sha256(f.read()).hexdigest()
+    with open(storage.join(chunks_uri, storage.MANIFEST), "w") as f:
+        f.write(manifest.to_json())
+    _, fn, kwargs = calls[2]
+    with pytest.raises(storage.ArtifactError, match=expected):
+        fn(tiny_cfg, iteration=1, **kwargs)
+    assert not storage.exists(kwargs["out_scored_chunks"])
