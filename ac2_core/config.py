@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -53,7 +54,7 @@ class ModelConfig(_Section):
     @model_validator(mode="after")
     def _path_for_pretrained(self) -> ModelConfig:
         if self.source == "pretrained" and not self.path:
-            raise ValueError("source=pretrained needs model.path")
+            raise ValueError("path is required when source is pretrained")
         return self
 
 
@@ -206,6 +207,9 @@ def _format_errors(err: ValidationError, origin: str) -> str:
         match e["type"]:
             case "extra_forbidden":
                 lines.append(f"  {field}: unknown key")
+            case "value_error" if (m := re.match(r"Value error, (\w+) (.*)", e["msg"], re.S)):
+                # a cross-field check of a section: its message starts with the field to change
+                lines.append(f"  {field}.{m.group(1)}: {m.group(1)} {m.group(2)}")
             case _:
                 found = e.get("input")
                 shown = "" if isinstance(found, dict) else f" (found {found!r})"

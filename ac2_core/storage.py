@@ -17,7 +17,6 @@ import contextlib
 import hashlib
 import io
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import fsspec
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ac2_core.schemas import SCHEMA_VERSION, schema_for
@@ -185,6 +185,16 @@ def publish_dir(uri: str, *, kind: str, stage: str, config_hash: str, rows: int 
 # ----------------------------------------------------------------------- tables
 
 
+def _has_nan(col: pa.ChunkedArray, typ: pa.DataType) -> bool:
+    if pa.types.is_list(typ):
+        if not pa.types.is_floating(typ.value_type):
+            return False
+        col = pa.chunked_array([c.flatten() for c in col.chunks], type=typ.value_type)
+    elif not pa.types.is_floating(typ):
+        return False
+    return bool(pc.any(pc.is_nan(col)).as_py() or False)
+
+
 def _check_schema(table: pa.Table, kind: str, where: str) -> pa.Table:
     """Return ``table`` in the declared column order; raise naming the first mismatch."""
     declared = schema_for(kind)
@@ -202,9 +212,8 @@ def _check_schema(table: pa.Table, kind: str, where: str) -> pa.Table:
         col = table.column(field.name)
         if not field.nullable and col.null_count:
             raise ArtifactError(f"{where}: column {field.name} of {kind} has {col.null_count} null value(s)")
-        if pa.types.is_floating(field.type) and col.null_count < len(col):
-            if any(v is not None and math.isnan(v) for v in col.to_pylist()):
-                raise ArtifactError(f"{where}: column {field.name} of {kind} contains NaN")
+        if _has_nan(col, field.type):
+            raise ArtifactError(f"{where}: column {field.name} of {kind} contains NaN")
     return table.select(declared.names).cast(declared)
 
 
