@@ -22,7 +22,8 @@ from ac2_core.models.hf import load_model
 from ac2_core.models.store import Checkpoint, ModelStore
 from ac2_core.models.tiny import build_tiny_model
 from ac2_core.models.tokenizer import build_tokenizer
-from ac2_core.stages.common import prompt_ids, seed_for
+from ac2_core.stages.common import Problems, prompt_ids, seed_for
+from ac2_core.stages.evaluate import validation_score
 from ac2_core.tasks import grade, problems_for
 
 STAGE = "bootstrap"
@@ -85,8 +86,35 @@ def _sft(cfg, model, tok, train, held_out, log):
     )
 
 
-def bootstrap(cfg: AC2Config, *, problems: str, actor: str, critic: str, log: Callable[[str], None] = print) -> dict:
-    """Write the problem set, actor (version 0) and critic (version 0)."""
+EMPTY_STATE = ("replay", "scored_chunks", "readiness", "metrics")
+
+
+def initial_metrics(cfg: AC2Config, model, tok, problems: Problems) -> dict:
+    """Iteration 0 of the metrics table: the initial policy's validation score, no compute yet."""
+    row = {
+        "run_id": cfg.run_id,
+        "iteration": 0,
+        "policy_version": 0,
+        "val_score": validation_score(cfg, model, tok, problems),
+        "readiness_share": 0.0,
+        "chunk_groups": 0,
+        "full_groups": 0,
+        "mean_train_reward": None,
+        "critic_error": None,
+    }
+    for key in ("decode_tokens", "decode_flops", "prefill_flops", "critic_flops", "train_flops"):
+        row[key] = row[f"cum_{key}"] = 0
+    return row
+
+
+def bootstrap(
+    cfg: AC2Config, *, problems: str, actor: str, critic: str, state: dict[str, str], log: Callable[[str], None] = print
+) -> dict:
+    """Write the problem set, actor (version 0), critic (version 0), and the empty
+    iteration-0 tables named in ``state`` (``EMPTY_STATE``), so that every iteration,
+    the first included, reads the same inputs."""
+    if sorted(state) != sorted(EMPTY_STATE):
+        raise ValueError(f"bootstrap state must name exactly {', '.join(EMPTY_STATE)}; found {', '.join(sorted(state))}")
     table = problems_for(cfg.task)
     if table.num_rows == 0:
         raise ValueError("the task produced an empty problem set")
@@ -97,6 +125,9 @@ def bootstrap(cfg: AC2Config, *, problems: str, actor: str, critic: str, log: Ca
     problems_hash = storage.write_table(problems, table, kind="problems", stage=STAGE, config_hash=cfg.config_hash()).content_hash
     actor_hash = store.save(actor, Checkpoint("actor", model, tok, 0), stage=STAGE)
     critic_hash = store.save(critic, Checkpoint("critic", Critic.from_actor(model, seed=cfg.seed), tok, 0), stage=STAGE)
+    for kind, uri in state.items():
+        rows = [initial_metrics(cfg, model, tok, Problems({r["problem_id"]: r for r in table.to_pylist()}))] if kind == "metrics" else []
+        storage.write_table(uri, storage.table_from_rows(rows, kind), kind=kind, stage=STAGE, config_hash=cfg.config_hash())
     summary = {"problems": table.num_rows, "problems_hash": problems_hash, "actor_hash": actor_hash, "critic_hash": critic_hash}
     log(f"bootstrap: {json.dumps(summary)}")
     return summary

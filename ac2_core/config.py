@@ -59,12 +59,19 @@ class ModelConfig(_Section):
 
 
 class TaskConfig(_Section):
-    name: Literal["arith"] = Field("arith", description="the built-in task family")
+    name: Literal["arith", "fineproofs"] = Field("arith", description="arith: built in; fineproofs: a FineProofs-RL file")
+    data: str | None = Field(None, description="local path or URI of the problem file (tasks that load data)")
     n_terms: int = Field(6, ge=2, le=32, description="numbers to add, one written step each")
     max_value: int = Field(99, ge=1, description="terms are drawn from 0..max_value")
     train_size: int = Field(4096, ge=1, description="training problems generated")
     val_size: int = Field(128, ge=1, description="held-out validation problems")
     seed: int = Field(1234, description="seed of the problem generator, independent of the run seed")
+
+    @model_validator(mode="after")
+    def _data_for_loaded_tasks(self) -> TaskConfig:
+        if self.name != "arith" and not self.data:
+            raise ValueError(f"data is required for task {self.name}")
+        return self
 
 
 class WarmStartConfig(_Section):
@@ -169,6 +176,32 @@ class RunConfig(_Section):
     keep_models: int = Field(2, ge=1, description="actor/critic checkpoints kept on disk by local runners (newest)")
 
 
+class StorageConfig(_Section):
+    """Where artifacts live and how object storage is reached (``ac2_core.storage``).
+
+    Credentials are never part of the config: they come from the environment
+    (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, e.g. from a Kubernetes secret).
+    """
+
+    endpoint_url: str | None = Field(None, description="S3 endpoint (http://host:port); unset: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, else AWS")
+    region: str | None = Field(None, description="S3 region; unset: AWS_REGION, AWS_DEFAULT_REGION")
+    artifact_root: str | None = Field(None, description="URI or path every artifact must be written under; unset: anywhere")
+    max_attempts: int = Field(5, ge=1, le=20, description="tries of one storage request when it fails transiently")
+    max_retry_seconds: float = Field(15.0, gt=0, le=600, description="no retry starts later than this after the first try")
+    backoff_seconds: float = Field(0.5, ge=0, le=10, description="wait before the first retry; doubled for each further one")
+    connect_timeout: float = Field(5.0, gt=0, le=120, description="seconds to open a connection to the endpoint")
+    read_timeout: float = Field(10.0, gt=0, le=600, description="seconds without response bytes before a try counts as stalled")
+    io_threads: int = Field(8, ge=1, le=64, description="files of a model directory up- or downloaded at once")
+
+    @model_validator(mode="after")
+    def _endpoint_is_a_plain_url(self) -> StorageConfig:
+        url = self.endpoint_url
+        if url is not None:
+            if not re.match(r"^https?://[^/@\s]+(/.*)?$", url):
+                raise ValueError(f"endpoint_url must be http(s)://host[:port] without credentials (found {url.split('@')[-1]!r})")
+        return self
+
+
 class AC2Config(_Section):
     run_id: str = Field("ac2", pattern=r"^[a-z0-9][a-z0-9-]{0,62}$", description="name of the run")
     algorithm: Literal["ac2", "grpo"] = Field("ac2", description="ac2, or the grpo baseline built from the same stages")
@@ -186,6 +219,7 @@ class AC2Config(_Section):
     training: TrainingConfig = TrainingConfig()
     eval: EvalConfig = EvalConfig()
     run: RunConfig = RunConfig()
+    storage: StorageConfig = StorageConfig()
 
     @property
     def uses_critic(self) -> bool:
@@ -193,7 +227,8 @@ class AC2Config(_Section):
 
     def config_hash(self) -> str:
         """sha256 of the canonical JSON form: identical configs hash identically."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        # storage says where artifacts live, not what they hold: it does not change the hash
+        canonical = json.dumps(self.model_dump(mode="json", exclude={"storage"}), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     def to_json(self) -> str:

@@ -5,36 +5,58 @@ Every artifact is a directory:
     <uri>/data.parquet      (tables)   or the files of an HF model directory
     <uri>/manifest.json     written last: kind, schema version, rows, sha256 of every file
 
-Writers stage everything in a temporary sibling and publish it in one step, so a crash
-leaves nothing at ``<uri>`` that a reader would take. Readers verify the manifest
+Writers stage everything in a temporary local folder and publish it in one step, so a
+crash leaves nothing at ``<uri>`` that a reader would take. Readers verify the manifest
 (kind, schema version, row count, every file's hash) before trusting the data. The
 manifest holds no timestamp, so a rerun on the same inputs gives identical bytes.
+
+Object storage (``s3://``, through s3fs) is reached with the ``storage`` config section,
+which a runner makes active for a block of work: ``with storage.using(cfg.storage): ...``.
+Outside such a block the defaults apply (endpoint and region from the environment).
+Credentials come only from the standard AWS environment variables, never from the config.
+Every remote request is retried on transient errors, bounded in tries and in time
+(``storage.max_attempts``, ``storage.max_retry_seconds``); s3fs's and botocore's own
+retries are turned off so that these are the only bounds, and their connect and read
+timeouts are set, so a stalled endpoint is reported instead of waited on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import errno
 import hashlib
 import io
 import json
+import logging
 import os
 import shutil
 import tempfile
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import fsspec
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from fsspec.asyn import AsyncFileSystem
 
+from ac2_core.config import StorageConfig
 from ac2_core.schemas import SCHEMA_VERSION, schema_for
 
 MANIFEST = "manifest.json"
 DATA = "data.parquet"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+S3_PROTOCOLS = ("s3", "s3a")
+CREDENTIAL_VARS = "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class ArtifactError(RuntimeError):
@@ -89,28 +111,263 @@ class Manifest:
             raise ArtifactError(f"{uri}: {MANIFEST} is malformed ({e})") from None
 
 
+# ---------------------------------------------------------------------- settings
+
+_active: contextvars.ContextVar[StorageConfig | None] = contextvars.ContextVar("ac2_storage", default=None)
+
+
+@contextlib.contextmanager
+def using(section: StorageConfig) -> Iterator[StorageConfig]:
+    """Make ``section`` (``cfg.storage``) the storage settings of this block.
+
+    Runners wrap their work in it; a stage called on its own uses the defaults unless
+    its caller does the same. The setting is scoped to the block (a context variable),
+    so nothing leaks from one run into the next.
+    """
+    token = _active.set(section)
+    try:
+        yield section
+    finally:
+        _active.reset(token)
+
+
+def settings() -> StorageConfig:
+    """The storage settings in effect here: the innermost ``using`` block, or the defaults."""
+    return _active.get() or StorageConfig()
+
+
 # --------------------------------------------------------------------------- URIs
 
 
-def _fs(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    try:
-        return fsspec.core.url_to_fs(uri)
-    except (ImportError, ValueError) as e:
-        raise ArtifactError(f"{uri}: unsupported URI ({e})") from None
+@dataclass(frozen=True)
+class _Target:
+    """One artifact URI, resolved: its file system, the path on it, and the settings used."""
+
+    uri: str
+    fs: fsspec.AbstractFileSystem
+    path: str
+    section: StorageConfig
+    endpoint: str | None = None  # named in error messages of remote file systems
+
+    @property
+    def local(self) -> bool:
+        return _is_local(self.fs)
 
 
 def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
     return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
 
 
+def _protocol(uri: str) -> str:
+    protocol, _ = fsspec.core.split_protocol(uri)
+    return protocol or "file"
+
+
+def _s3_fs(uri: str, section: StorageConfig) -> tuple[fsspec.AbstractFileSystem, str | None]:
+    """An s3fs file system for ``uri``: endpoint and region from the config or the environment,
+    credentials from the environment only."""
+    env = os.environ
+    key, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
+    web_identity = env.get("AWS_WEB_IDENTITY_TOKEN_FILE") and env.get("AWS_ROLE_ARN")
+    if bool(key) != bool(secret):
+        missing = "AWS_SECRET_ACCESS_KEY" if key else "AWS_ACCESS_KEY_ID"
+        raise ArtifactError(f"{uri}: incomplete S3 credentials: {missing} is not set (set both {CREDENTIAL_VARS})")
+    if not key and not web_identity:
+        raise ArtifactError(
+            f"{uri}: no S3 credentials: set {CREDENTIAL_VARS} in the environment (for example from a"
+            " Kubernetes secret), or AWS_ROLE_ARN and AWS_WEB_IDENTITY_TOKEN_FILE; ac2 never takes"
+            " credentials from its config"
+        )
+    try:
+        import s3fs
+    except ImportError:
+        raise ArtifactError(f"{uri}: s3:// needs s3fs: pip install 'ac2[s3]'") from None
+    endpoint = section.endpoint_url or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None
+    region = section.region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None
+    options: dict = dict(
+        endpoint_url=endpoint,
+        client_kwargs={"region_name": region} if region else {},
+        config_kwargs={
+            "connect_timeout": section.connect_timeout,
+            "read_timeout": section.read_timeout,
+            # one try per request in botocore and in s3fs: _retry below is the only retry loop
+            "retries": {"total_max_attempts": 1, "mode": "standard"},
+        },
+        retries=1,
+        use_listings_cache=False,  # another process may have written since the last listing
+    )
+    if key:  # otherwise botocore reads the web identity from the same environment
+        options.update(key=key, secret=secret, token=env.get("AWS_SESSION_TOKEN") or None)
+    return s3fs.S3FileSystem(**options), endpoint or "AWS S3"
+
+
+def _target(uri: str, *, write: bool = False) -> _Target:
+    """Resolve ``uri``; a write outside ``storage.artifact_root`` is refused here, before anything exists."""
+    section = settings()
+    if write:
+        _check_root(uri, section)
+    if _protocol(uri) in S3_PROTOCOLS:
+        fs, endpoint = _s3_fs(uri, section)
+        return _Target(uri, fs, fs._strip_protocol(uri), section, endpoint)
+    try:
+        fs, path = fsspec.core.url_to_fs(uri)
+    except (ImportError, ValueError) as e:
+        raise ArtifactError(f"{uri}: unsupported URI ({e})") from None
+    return _Target(uri, fs, path, section, None if _is_local(fs) else _protocol(uri))
+
+
+def _normalized(uri: str) -> tuple[str, str]:
+    """(protocol, path) in one spelling, so that a prefix test is a containment test."""
+    protocol = _protocol(uri)
+    _, path = fsspec.core.split_protocol(uri)
+    if protocol in ("file", "local"):
+        return "file", os.path.abspath(path)  # abspath also folds "." and ".."
+    parts = [p for p in path.split("/") if p]
+    if "." in parts or ".." in parts:
+        raise ArtifactError(f"{uri}: '.' and '..' are not allowed in an object-store URI")
+    return ("s3" if protocol in S3_PROTOCOLS else protocol), "/".join(parts)
+
+
+def _check_root(uri: str, section: StorageConfig) -> None:
+    if section.artifact_root is None:
+        return
+    root, target = _normalized(section.artifact_root), _normalized(uri)
+    if root[0] != target[0] or not target[1].startswith(root[1].rstrip("/") + "/"):
+        raise ArtifactError(
+            f"{uri}: not under the artifact root {section.artifact_root} (storage.artifact_root);"
+            " nothing was written"
+        )
+
+
 def join(uri: str, *parts: str) -> str:
     return "/".join([uri.rstrip("/"), *parts])
 
 
+# ---------------------------------------------------------------------- retries
+
+
+def _transient(err: BaseException) -> bool:
+    """True for errors that another try may not meet: timeouts, dropped connections, 5xx."""
+    if isinstance(err, (ArtifactError, FileNotFoundError, PermissionError, FileExistsError, IsADirectoryError,
+                        NotADirectoryError, ValueError, TypeError, KeyError)):
+        return False
+    if isinstance(err, (TimeoutError, ConnectionError)):  # asyncio's and fsspec's timeouts included
+        return True
+    with contextlib.suppress(ImportError):
+        import botocore.exceptions as bx
+
+        if isinstance(err, (bx.NoCredentialsError, bx.PartialCredentialsError, bx.ParamValidationError)):
+            return False
+        if isinstance(err, (bx.HTTPClientError, bx.IncompleteReadError, bx.ResponseStreamingError)):
+            return True
+        if isinstance(err, bx.ClientError):
+            status = err.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+            return status >= 500 or err.response.get("Error", {}).get("Code") in ("SlowDown", "Throttling", "RequestTimeout")
+    with contextlib.suppress(ImportError):
+        import aiohttp
+
+        if isinstance(err, aiohttp.ClientError):
+            return True
+    if isinstance(err, OSError):  # s3fs's translation of S3 error codes
+        return err.errno not in (errno.EINVAL, errno.EPERM, errno.EACCES, errno.EMSGSIZE, errno.ENOTEMPTY)
+    return False
+
+
+def _why(err: BaseException) -> str:
+    text = str(err).strip() or repr(err)
+    return f"{type(err).__name__}: {text}"
+
+
+# An attempt that moves less than this counts as stalled: aiohttp has no write timeout,
+# so a peer that stops reading would otherwise hold a PUT forever.
+_STALL_BYTES_PER_SECOND = 1 << 20
+
+
+def _call(t: _Target, what: str, method: str, *args, nbytes: int = 0, **kwargs):
+    """``t.fs.<method>(*args)`` with bounded retries; FileNotFoundError passes through.
+
+    Local paths are called once: retrying a local file system only delays its error.
+    """
+    fn = getattr(t.fs, method)
+    if t.local:
+        return fn(*args, **kwargs)
+    s = t.section
+    if isinstance(t.fs, AsyncFileSystem):  # a hard bound per attempt, on top of the socket timeouts
+        kwargs["timeout"] = s.connect_timeout + 3 * s.read_timeout + nbytes / _STALL_BYTES_PER_SECOND
+    start = time.monotonic()
+    for attempt in range(1, s.max_attempts + 1):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as err:  # noqa: BLE001  (sorted below)
+            if isinstance(err, FileNotFoundError):
+                raise
+            if not _transient(err):
+                raise ArtifactError(f"{t.uri}: {what} was refused by {t.endpoint}: {_why(err)}") from err
+            elapsed = time.monotonic() - start
+            pause = s.backoff_seconds * 2 ** (attempt - 1)
+            if attempt == s.max_attempts or elapsed + pause > s.max_retry_seconds:
+                raise ArtifactError(
+                    f"{t.uri}: {what} failed after {attempt} attempt(s) in {elapsed:.1f}s at {t.endpoint}"
+                    f" (storage.max_attempts={s.max_attempts}, storage.max_retry_seconds={s.max_retry_seconds:g});"
+                    f" last error: {_why(err)}"
+                ) from err
+            log.warning("%s: %s failed (%s); retry %d of %d in %.1fs", t.uri, what, _why(err), attempt, s.max_attempts - 1, pause)
+            time.sleep(pause)
+    raise AssertionError("unreachable")
+
+
+def _in_parallel(jobs: list[Callable[[], T]], threads: int) -> list[T]:
+    """Run ``jobs`` on a thread pool; the first error cancels what has not started and is raised."""
+    if len(jobs) <= 1 or threads <= 1:
+        return [job() for job in jobs]
+    with ThreadPoolExecutor(max_workers=min(threads, len(jobs)), thread_name_prefix="ac2-storage") as pool:
+        futures = [pool.submit(job) for job in jobs]
+        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+        for f in pending:
+            f.cancel()
+        failed = [f for f in futures if f.done() and not f.cancelled() and f.exception() is not None]
+        if failed:
+            wait([f for f in pending if not f.cancelled()])  # let started transfers end before raising
+            raise failed[0].exception()
+        return [f.result() for f in futures]
+
+
+def _objects(t: _Target) -> list[str]:
+    """Names of the objects under a remote artifact, relative to it."""
+    found = _call(t, "listing", "find", t.path, detail=True)
+    prefix = t.path.rstrip("/") + "/"
+    return sorted(p[len(prefix):] for p, info in found.items() if info.get("type") == "file" and p.startswith(prefix))
+
+
 def exists(uri: str) -> bool:
     """True when a *published* artifact (one with a manifest) is at ``uri``."""
-    fs, path = _fs(uri)
-    return fs.exists(join(path, MANIFEST))
+    t = _target(uri)
+    if t.local:
+        return t.fs.exists(join(t.path, MANIFEST))
+    try:
+        _call(t, f"lookup of {MANIFEST}", "info", join(t.path, MANIFEST))
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def remove(uri: str) -> None:
+    """Delete the artifact at ``uri``, manifest first, so that no reader trusts what is left meanwhile."""
+    t = _target(uri, write=True)
+    if t.local:
+        with contextlib.suppress(FileNotFoundError):
+            Path(t.path, MANIFEST).unlink()
+        shutil.rmtree(t.path, ignore_errors=True)
+        return
+    _remove_remote(t)
+
+
+def _remove_remote(t: _Target) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        _call(t, f"removal of the old {MANIFEST}", "rm_file", join(t.path, MANIFEST))
+    stale = [join(t.path, name) for name in _objects(t)]
+    if stale:
+        _call(t, f"removal of {len(stale)} old file(s)", "rm", stale)
 
 
 # ------------------------------------------------------------------- publishing
@@ -124,12 +381,11 @@ def _sha256_file(path: Path) -> dict:
     return {"sha256": h.hexdigest(), "bytes": path.stat().st_size}
 
 
-def _describe(staging: Path) -> dict[str, dict]:
-    files = {}
-    for p in sorted(staging.rglob("*")):
-        if p.is_file():
-            files[p.relative_to(staging).as_posix()] = _sha256_file(p)
-    return files
+def _describe(staging: Path, threads: int) -> dict[str, dict]:
+    names = sorted(p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file())
+    # hashlib releases the GIL on large buffers, so shards hash in parallel
+    hashes = _in_parallel([lambda n=n: _sha256_file(staging / n) for n in names], threads)
+    return dict(zip(names, hashes))
 
 
 def _publish_local(staging: Path, target: Path) -> None:
@@ -143,18 +399,17 @@ def _publish_local(staging: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _publish_remote(fs: fsspec.AbstractFileSystem, staging: Path, path: str, manifest_text: str) -> None:
+def _publish_remote(t: _Target, staging: Path, files: dict[str, dict], manifest_text: str) -> None:
     # Object stores have no atomic directory rename: the manifest, written last, is the
-    # commit point. Remove the old manifest first so no reader trusts a half-replaced set.
-    if fs.exists(join(path, MANIFEST)):
-        fs.rm(join(path, MANIFEST))
-    if fs.exists(path):
-        fs.rm(path, recursive=True)
-    for p in sorted(staging.rglob("*")):
-        if p.is_file() and p.name != MANIFEST:
-            fs.put_file(str(p), join(path, p.relative_to(staging).as_posix()))
-    with fs.open(join(path, MANIFEST), "w") as f:
-        f.write(manifest_text)
+    # commit point. The old manifest goes first, so no reader trusts a half-replaced set,
+    # then every old object, so that a rerun leaves no file of the previous version behind.
+    _remove_remote(t)
+    uploads = [
+        lambda n=n: _call(t, f"upload of {n}", "put_file", str(staging / n), join(t.path, n), nbytes=files[n]["bytes"])
+        for n in sorted(files)
+    ]
+    _in_parallel(uploads, t.section.io_threads)
+    _call(t, f"upload of {MANIFEST}", "pipe_file", join(t.path, MANIFEST), manifest_text.encode())
 
 
 @contextlib.contextmanager
@@ -163,21 +418,22 @@ def publish_dir(uri: str, *, kind: str, stage: str, config_hash: str, rows: int 
 
     On an exception nothing is published and whatever was at ``uri`` before stays.
     """
-    fs, path = _fs(uri)
-    parent = Path(path).parent if _is_local(fs) else None
+    t = _target(uri, write=True)  # refuses a URI outside the artifact root, or without credentials
+    parent = Path(t.path).parent if t.local else None
     if parent is not None:
         parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{Path(path).name}.staging-", dir=parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{Path(t.path).name}.staging-", dir=parent))
     try:
         yield staging
         if (staging / MANIFEST).exists():
             raise ArtifactError(f"{uri}: the writer must not create {MANIFEST} itself")
-        manifest = Manifest(kind, stage, config_hash, SCHEMA_VERSION, rows, _describe(staging))
-        (staging / MANIFEST).write_text(manifest.to_json())
+        files = _describe(staging, t.section.io_threads)
+        manifest = Manifest(kind, stage, config_hash, SCHEMA_VERSION, rows, files)
         if parent is not None:
-            _publish_local(staging, Path(path))
+            (staging / MANIFEST).write_text(manifest.to_json())
+            _publish_local(staging, Path(t.path))
         else:
-            _publish_remote(fs, staging, path, manifest.to_json())
+            _publish_remote(t, staging, files, manifest.to_json())
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -242,29 +498,44 @@ def write_table(uri: str, table: pa.Table, *, kind: str, stage: str, config_hash
 
 
 def read_manifest(uri: str) -> Manifest:
-    fs, path = _fs(uri)
+    t = _target(uri)
     try:
-        with fs.open(join(path, MANIFEST), "r") as f:
-            text = f.read()
+        text = _call(t, f"download of {MANIFEST}", "cat_file", join(t.path, MANIFEST)).decode()
     except FileNotFoundError:
-        if fs.exists(path):
+        leftovers = t.fs.exists(t.path) if t.local else bool(_objects(t))
+        if leftovers:
             raise ArtifactError(
                 f"{uri}: no {MANIFEST}: the artifact was never published whole (was its stage interrupted?)"
             ) from None
         raise ArtifactError(f"{uri}: no artifact at this URI") from None
+    except UnicodeDecodeError:
+        raise ArtifactError(f"{uri}: {MANIFEST} is malformed (not UTF-8 text)") from None
     return Manifest.from_json(text, uri)
 
 
-def _verified_bytes(fs, path: str, name: str, expected: dict, uri: str) -> bytes:
+def _mismatch(uri: str, name: str, digest: str, expected: dict) -> ArtifactError:
+    return ArtifactError(
+        f"{uri}: {name} does not match its manifest (sha256 {digest[:12]}…, expected {expected['sha256'][:12]}…)"
+    )
+
+
+def _verified_bytes(t: _Target, name: str, expected: dict) -> bytes:
     try:
-        with fs.open(join(path, name), "rb") as f:
-            data = f.read()
+        data = _call(t, f"download of {name}", "cat_file", join(t.path, name), nbytes=expected.get("bytes", 0))
     except FileNotFoundError:
-        raise ArtifactError(f"{uri}: {name} is listed in the manifest but missing") from None
+        raise ArtifactError(f"{t.uri}: {name} is listed in the manifest but missing") from None
     digest = hashlib.sha256(data).hexdigest()
     if digest != expected["sha256"]:
-        raise ArtifactError(f"{uri}: {name} does not match its manifest (sha256 {digest[:12]}…, expected {expected['sha256'][:12]}…)")
+        raise _mismatch(t.uri, name, digest, expected)
     return data
+
+
+def read_file(uri: str, name: str) -> bytes:
+    """One file of a published artifact, verified against its manifest."""
+    manifest = read_manifest(uri)
+    if name not in manifest.files:
+        raise ArtifactError(f"{uri}: {name} is not listed in its {MANIFEST}")
+    return _verified_bytes(_target(uri), name, manifest.files[name])
 
 
 def read_table(uri: str, *, kind: str) -> pa.Table:
@@ -276,8 +547,7 @@ def read_table(uri: str, *, kind: str) -> pa.Table:
         raise ArtifactError(f"{uri}: schema version {manifest.schema_version}, this ac2 reads {SCHEMA_VERSION}")
     if DATA not in manifest.files:
         raise ArtifactError(f"{uri}: manifest lists no {DATA}")
-    fs, path = _fs(uri)
-    data = _verified_bytes(fs, path, DATA, manifest.files[DATA], uri)
+    data = _verified_bytes(_target(uri), DATA, manifest.files[DATA])
     try:
         table = pq.read_table(pa.BufferReader(data))
     except (pa.ArrowInvalid, OSError) as e:
@@ -307,17 +577,32 @@ def _refuse_pickle(files: list[str], uri: str) -> None:
         raise ArtifactError(f"{uri}: no .safetensors weights in this model directory")
 
 
+def _download_verified(t: _Target, name: str, expected: dict, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        _call(t, f"download of {name}", "get_file", join(t.path, name), str(dest), nbytes=expected.get("bytes", 0))
+    except FileNotFoundError:
+        raise ArtifactError(f"{t.uri}: {name} is listed in the manifest but missing") from None
+    got = _sha256_file(dest)
+    if got["sha256"] != expected["sha256"]:
+        raise _mismatch(t.uri, name, got["sha256"], expected)
+
+
 def local_model_dir(uri: str, *, kind: str, cache_dir: str | None = None) -> Path:
     """Verify a published model directory and return a local folder holding it.
 
-    Local artifacts are verified in place; remote ones are downloaded and verified.
+    Local artifacts are verified in place. Remote ones are downloaded in parallel, file by
+    file, into ``<cache_dir or $TMPDIR>/ac2-models/<content hash>``; every file is checked
+    against the manifest before the folder appears under that name, so a cached folder is
+    a verified one.
     """
     manifest = read_manifest(uri)
     if manifest.kind != kind:
         raise ArtifactError(f"{uri}: expected a {kind} model, found a {manifest.kind} artifact")
     _refuse_pickle(list(manifest.files), uri)
-    fs, path = _fs(uri)
-    if _is_local(fs):
+    t = _target(uri)
+    if t.local:
+        path = t.path
         present = [p.relative_to(path).as_posix() for p in Path(path).rglob("*") if p.is_file()]
         _refuse_pickle(present, uri)
         for name, expected in manifest.files.items():
@@ -327,18 +612,25 @@ def local_model_dir(uri: str, *, kind: str, cache_dir: str | None = None) -> Pat
             if got["sha256"] != expected["sha256"]:
                 raise ArtifactError(f"{uri}: {name} does not match its manifest")
         return Path(path)
+    _refuse_pickle(_objects(t), uri)  # also a pickle put beside the published files
     root = Path(cache_dir or tempfile.gettempdir()) / "ac2-models" / manifest.content_hash
-    if not (root / MANIFEST).exists():
-        staging = Path(tempfile.mkdtemp(prefix=".download-", dir=root.parent if root.parent.exists() else None))
+    if (root / MANIFEST).exists() and (root / MANIFEST).read_text() == manifest.to_json():
+        return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".download-", dir=root.parent))
+    try:
+        jobs = [
+            lambda n=n, e=e: _download_verified(t, n, e, staging / n) for n, e in sorted(manifest.files.items())
+        ]
+        _in_parallel(jobs, t.section.io_threads)
+        (staging / MANIFEST).write_text(manifest.to_json())
+        if root.exists():  # a stale or partial folder of the same hash: the verified copy replaces it
+            shutil.rmtree(root, ignore_errors=True)
         try:
-            for name, expected in manifest.files.items():
-                dest = staging / name
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                dest.write_bytes(_verified_bytes(fs, path, name, expected, uri))
-            (staging / MANIFEST).write_text(manifest.to_json())
-            root.parent.mkdir(parents=True, exist_ok=True)
-            if not root.exists():
-                os.replace(staging, root)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            os.replace(staging, root)
+        except OSError:
+            if not (root / MANIFEST).exists():  # not another process that finished the same download first
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return root

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ac2_core.bootstrap import bootstrap
 from ac2_core.config import load_config
+from ac2_core.stages.inprocess import run_bootstrap
+from ac2_core.stages.layout import RunLayout
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "pipelines" / "configs" / "toy.yaml"
@@ -50,8 +51,8 @@ def tiny_cfg():
 @pytest.fixture(scope="session")
 def _bootstrap_dir(tmp_path_factory, tiny_cfg):
     root = tmp_path_factory.mktemp("bootstrap")
-    bootstrap(tiny_cfg, problems=str(root / "problems"), actor=str(root / "actor"), critic=str(root / "critic"), log=lambda _: None)
-    return root
+    run_bootstrap(tiny_cfg, RunLayout(str(root)), log=lambda _: None)
+    return root / "bootstrap"
 
 
 @pytest.fixture

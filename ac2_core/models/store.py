@@ -13,8 +13,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import fsspec
-
 from ac2_core import storage
 from ac2_core.config import AC2Config
 from ac2_core.models.critic import Critic
@@ -42,9 +40,7 @@ def read_state(uri: str, *, kind: str) -> dict:
     manifest = storage.read_manifest(uri)
     if manifest.kind != kind:
         raise storage.ArtifactError(f"{uri}: expected a {kind} checkpoint, found a {manifest.kind} artifact")
-    fs, path = fsspec.core.url_to_fs(uri)
-    with fs.open(storage.join(path, STATE), "r") as f:
-        return json.load(f)
+    return json.loads(storage.read_file(uri, STATE))
 
 
 def read_version(uri: str, *, kind: str) -> int:

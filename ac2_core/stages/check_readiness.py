@@ -101,7 +101,7 @@ def run(
     cfg: AC2Config,
     *,
     iteration: int,
-    readiness: str | None,
+    readiness: str,
     critic_pairs: str,
     scored_chunks: str,
     out_readiness: str,

@@ -26,9 +26,9 @@ def write(cfg: AC2Config, stage: str, uri: str, rows: list[dict], kind: str) -> 
     return storage.write_table(uri, table, kind=kind, stage=stage, config_hash=cfg.config_hash()).content_hash
 
 
-def read(uri: str | None, kind: str) -> list[dict]:
-    """Rows of a published table; an absent optional input (None) reads as empty."""
-    return [] if uri is None else storage.read_rows(uri, kind=kind)
+def read(uri: str, kind: str) -> list[dict]:
+    """Rows of a published table, verified against its manifest and schema."""
+    return storage.read_rows(uri, kind=kind)
 
 
 def prompt_ids(tokenizer, prompt: str) -> list[int]:

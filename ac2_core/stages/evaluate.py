@@ -75,7 +75,7 @@ def run(
     critic_pairs: str,
     readiness: str,
     critic: str | None,
-    metrics: str | None,
+    metrics: str,
     out_metrics: str,
     store: ModelStore | None = None,
 ) -> dict:

@@ -8,13 +8,11 @@ A run folder that already holds finished iterations is resumed after the last on
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from ac2_core import storage
-from ac2_core.bootstrap import bootstrap
+from ac2_core.bootstrap import EMPTY_STATE, bootstrap
 from ac2_core.config import AC2Config
 from ac2_core.models.store import ModelStore
 from ac2_core.stages import check_readiness, evaluate, generate_chunks, sample_prefixes, score_chunks, update_actor, update_critic
@@ -25,10 +23,10 @@ Log = Callable[[str], None]
 
 def stage_calls(cfg: AC2Config, layout: RunLayout, it: int) -> list[tuple[str, Callable, dict]]:
     """The iteration as (stage name, function, keyword arguments), in dependency order."""
-    prev = lambda name: layout.output(it - 1, name) if it > 1 else None  # noqa: E731
+    prev = lambda name: layout.output(it - 1, name)  # noqa: E731  (iteration 0 is the bootstrap)
     out = lambda name: layout.output(it, name)  # noqa: E731
-    actor_in = layout.output(it - 1, "actor")
-    critic_in = layout.output(it - 1, "critic") if cfg.uses_critic else None
+    actor_in = prev("actor")
+    critic_in = prev("critic") if cfg.uses_critic else None
     problems = layout.bootstrap("problems")
     calls = [
         ("sample_prefixes", sample_prefixes.run, dict(
@@ -58,6 +56,17 @@ def stage_calls(cfg: AC2Config, layout: RunLayout, it: int) -> list[tuple[str, C
     return calls
 
 
+def run_bootstrap(cfg: AC2Config, layout: RunLayout, log: Log = print) -> dict:
+    return bootstrap(
+        cfg,
+        problems=layout.bootstrap("problems"),
+        actor=layout.bootstrap("actor"),
+        critic=layout.bootstrap("critic"),
+        state={name: layout.bootstrap(name) for name in EMPTY_STATE},
+        log=log,
+    )
+
+
 _TAKES_STORE = {"generate_chunks", "score_chunks", "update_actor", "update_critic", "evaluate"}
 
 
@@ -85,9 +94,7 @@ def _prune(cfg: AC2Config, layout: RunLayout, it: int) -> None:
     old = it - cfg.run.keep_models
     if old >= 1:
         for name in ("actor", "critic"):
-            path = Path(layout.output(old, name))
-            if path.exists():
-                shutil.rmtree(path)
+            storage.remove(layout.output(old, name))
 
 
 def format_row(m: dict) -> str:
@@ -103,12 +110,16 @@ HEADER = f"{'iter':>5} {'val':>6} {'ready':>7} {'chunk/full':>11} {'dec_tok':>9}
 
 def run(cfg: AC2Config, out_dir: str, *, log: Log = print) -> list[dict]:
     """Bootstrap (once), then run iterations up to ``cfg.run.iterations``; returns the metrics rows."""
+    with storage.using(cfg.storage):  # endpoint, retries and artifact root of every stage below
+        return _run(cfg, out_dir, log)
+
+
+def _run(cfg: AC2Config, out_dir: str, log: Log) -> list[dict]:
     layout = RunLayout(out_dir)
     store = ModelStore(cfg, keep_in_memory=True)
     t_start = time.perf_counter()
-    if not storage.exists(layout.bootstrap("critic")):
-        bootstrap(cfg, problems=layout.bootstrap("problems"), actor=layout.bootstrap("actor"),
-                  critic=layout.bootstrap("critic"), log=log)
+    if not storage.exists(layout.bootstrap("metrics")):
+        run_bootstrap(cfg, layout, log)
     done = completed_iterations(layout)
     if done:
         log(f"resuming {out_dir} after iteration {done}")

@@ -35,5 +35,9 @@ def problems_for(cfg: TaskConfig) -> pa.Table:
                 val_size=cfg.val_size,
                 seed=cfg.seed,
             )
+        case "fineproofs":
+            raise NotImplementedError(
+                f"task.name: fineproofs ({cfg.data}) needs the proof-data loader and rubric judge, which are not built yet"
+            )
         case _:
             raise ValueError(f"task.name: unknown task {cfg.name!r}; known tasks: arith")

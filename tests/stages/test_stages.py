@@ -103,9 +103,10 @@ def test_two_iteration_run(tmp_path, _bootstrap_dir, algorithm):
 
     cfg = tiny_config(algorithm=algorithm)
     shutil.copytree(_bootstrap_dir, tmp_path / "bootstrap")
-    metrics = inprocess.run(cfg, str(tmp_path), log=lambda _: None)
+    initial, *metrics = inprocess.run(cfg, str(tmp_path), log=lambda _: None)
+    assert initial["iteration"] == 0 and initial["cum_decode_flops"] == 0  # the bootstrap's row
     assert [m["iteration"] for m in metrics] == [1, 2]
-    assert all(m["val_score"] is not None and 0 <= m["val_score"] <= 1 for m in metrics)
+    assert all(m["val_score"] is not None and 0 <= m["val_score"] <= 1 for m in [initial, *metrics])
     assert metrics[1]["cum_decode_flops"] > metrics[0]["cum_decode_flops"] > 0
     assert metrics[1]["cum_train_flops"] >= metrics[0]["cum_train_flops"]
     if algorithm == "grpo":
@@ -126,7 +127,7 @@ def test_resume_continues_after_the_last_finished_iteration(tmp_path, _bootstrap
     logs = []
     metrics = inprocess.run(tiny_config(run__iterations=2), str(tmp_path), log=logs.append)
     assert any("resuming" in line and "after iteration 1" in line for line in logs)
-    assert [m["iteration"] for m in metrics] == [1, 2]
+    assert [m["iteration"] for m in metrics] == [0, 1, 2]
     assert storage.content_hash(str(tmp_path / "iter-0001" / "evaluate" / "metrics")) == first
 
 
@@ -139,7 +140,8 @@ def test_empty_problem_set_is_refused_and_writes_nothing(run_dir, tiny_cfg, tmp_
     layout = RunLayout(str(run_dir))
     with pytest.raises(ValueError, match="problem set is empty"):
         sample_prefixes.run(
-            tiny_cfg, iteration=1, problems=empty, replay=None, scored_chunks=None, readiness=None,
+            tiny_cfg, iteration=1, problems=empty, replay=layout.bootstrap("replay"),
+            scored_chunks=layout.bootstrap("scored_chunks"), readiness=layout.bootstrap("readiness"),
             actor=layout.bootstrap("actor"), out_replay=str(tmp_path / "r"), out_prefixes=str(tmp_path / "p"),
         )
     assert not (tmp_path / "r").exists() and not (tmp_path / "p").exists()
