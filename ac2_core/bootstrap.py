@@ -68,7 +68,12 @@ def _sft(cfg, model, tok, train, held_out, log):
 
     ws = cfg.warm_start
     score = lambda m: sampled_score(  # noqa: E731
-        m, tok, held_out, max_tokens=cfg.rollout.max_response_tokens, temperature=cfg.rollout.temperature, seed=seed_for(cfg, 0, STAGE)
+        m,
+        tok,
+        held_out,
+        max_tokens=cfg.rollout.max_response_tokens,
+        temperature=cfg.rollout.temperature,
+        seed=seed_for(cfg, 0, STAGE),
     )
     return sft_warm_start(
         model,
@@ -126,7 +131,11 @@ def bootstrap(
     actor_hash = store.save(actor, Checkpoint("actor", model, tok, 0), stage=STAGE)
     critic_hash = store.save(critic, Checkpoint("critic", Critic.from_actor(model, seed=cfg.seed), tok, 0), stage=STAGE)
     for kind, uri in state.items():
-        rows = [initial_metrics(cfg, model, tok, Problems({r["problem_id"]: r for r in table.to_pylist()}))] if kind == "metrics" else []
+        rows = (
+            [initial_metrics(cfg, model, tok, Problems({r["problem_id"]: r for r in table.to_pylist()}))]
+            if kind == "metrics"
+            else []
+        )
         storage.write_table(uri, storage.table_from_rows(rows, kind), kind=kind, stage=STAGE, config_hash=cfg.config_hash())
     summary = {"problems": table.num_rows, "problems_hash": problems_hash, "actor_hash": actor_hash, "critic_hash": critic_hash}
     log(f"bootstrap: {json.dumps(summary)}")

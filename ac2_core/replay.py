@@ -58,7 +58,9 @@ def merge_replay(replay: list[dict], new: list[dict], *, max_per_problem: int) -
     return merged
 
 
-def pick_problems(train_ids: list[str], replayed_ids: set[str], *, n: int, revisit_fraction: float, rng: np.random.Generator) -> list[str]:
+def pick_problems(
+    train_ids: list[str], replayed_ids: set[str], *, n: int, revisit_fraction: float, rng: np.random.Generator
+) -> list[str]:
     """Draw ``n`` distinct problems: ``revisit_fraction`` of them from problems with replay.
 
     Revisiting is what lets AC2 continue past trajectories at all: with 16 problems a

@@ -17,7 +17,14 @@ TOY = ROOT / "pipelines" / "configs" / "toy.yaml"
 # Small enough for seconds per iteration, permissive enough that chunk mode happens in
 # iteration 2: every problem with 2 pairs is ready, and every problem is revisited.
 TINY = {
-    "model.tiny": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "head_dim": 32, "intermediate_size": 128},
+    "model.tiny": {
+        "hidden_size": 64,
+        "num_layers": 2,
+        "num_heads": 2,
+        "num_kv_heads": 1,
+        "head_dim": 32,
+        "intermediate_size": 128,
+    },
     "task.train_size": 64,
     "task.val_size": 8,
     "task.n_terms": 3,

@@ -100,14 +100,19 @@ def _decode_batch(model, contexts, budget, *, eos_id, pad_id, generator, tempera
     alive = torch.ones(B, dtype=torch.bool)
     step_ids, step_pos = input_ids, positions
     for t in range(budget):
-        logits = model(
-            input_ids=step_ids,
-            attention_mask=mask,
-            position_ids=step_pos,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        ).logits[:, -1, :].float().cpu()
+        logits = (
+            model(
+                input_ids=step_ids,
+                attention_mask=mask,
+                position_ids=step_pos,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            .logits[:, -1, :]
+            .float()
+            .cpu()
+        )
         logprobs = torch.log_softmax(logits / temperature, dim=-1)
         if greedy:
             nxt = logprobs.argmax(-1)

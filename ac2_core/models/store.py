@@ -91,7 +91,9 @@ class ModelStore:
         """The checkpoint's optimizer, restored from its folder the first time."""
         if ckpt.trainer is None:
             section = self.cfg.actor if ckpt.kind == "actor" else self.cfg.critic
-            ckpt.trainer = Trainer(ckpt.model, lr=section.lr, weight_decay=section.weight_decay, max_grad_norm=section.max_grad_norm)
+            ckpt.trainer = Trainer(
+                ckpt.model, lr=section.lr, weight_decay=section.weight_decay, max_grad_norm=section.max_grad_norm
+            )
             if ckpt.source is not None:
                 ckpt.trainer.load(ckpt.source)
         return ckpt.trainer

@@ -11,8 +11,6 @@ GRPO: group-normalized terminal rewards, weight 1, and an empty readiness table.
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import torch
 
 from ac2_core.config import AC2Config
@@ -96,7 +94,6 @@ def advantages(cfg: AC2Config, scored: list[dict], ready: set[str]) -> list[dict
     ]
 
 
-
 def run(
     cfg: AC2Config,
     *,
@@ -108,7 +105,11 @@ def run(
     out_advantages: str,
 ) -> dict:
     scored = read(scored_chunks, "scored_chunks")
-    windows = update_windows(cfg, read(readiness, "readiness"), read(critic_pairs, "critic_pairs"), iteration) if cfg.uses_critic else []
+    windows = (
+        update_windows(cfg, read(readiness, "readiness"), read(critic_pairs, "critic_pairs"), iteration)
+        if cfg.uses_critic
+        else []
+    )
     ready = {w["problem_id"] for w in windows if w["ready"]}
     rows = advantages(cfg, scored, ready)
     write(cfg, STAGE, out_readiness, windows, "readiness")

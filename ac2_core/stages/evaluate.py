@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from ac2_core.config import AC2Config
 from ac2_core.generation import generate
-from ac2_core.math import attention_width, binned_calibration_error, count_non_embedding_params, decode_flops, prefill_flops, train_flops
+from ac2_core.math import (
+    attention_width,
+    binned_calibration_error,
+    count_non_embedding_params,
+    decode_flops,
+    prefill_flops,
+    train_flops,
+)
 from ac2_core.models.store import ModelStore, read_state
 from ac2_core.stages.common import Problems, prompt_ids, read, seed_for, write
 from ac2_core.tasks import grade

@@ -29,30 +29,96 @@ def stage_calls(cfg: AC2Config, layout: RunLayout, it: int) -> list[tuple[str, C
     critic_in = prev("critic") if cfg.uses_critic else None
     problems = layout.bootstrap("problems")
     calls = [
-        ("sample_prefixes", sample_prefixes.run, dict(
-            problems=problems, replay=prev("replay"), scored_chunks=prev("scored_chunks"), readiness=prev("readiness"),
-            actor=actor_in, out_replay=out("replay"), out_prefixes=out("prefixes"))),
-        ("generate_chunks", generate_chunks.run, dict(
-            problems=problems, prefixes=out("prefixes"), actor=actor_in, out_chunks=out("chunks"))),
-        ("score_chunks", score_chunks.run, dict(
-            problems=problems, replay=out("replay"), prefixes=out("prefixes"), chunks=out("chunks"), actor=actor_in,
-            critic=critic_in, out_scored_chunks=out("scored_chunks"), out_critic_pairs=out("critic_pairs"))),
-        ("check_readiness", check_readiness.run, dict(
-            readiness=prev("readiness"), critic_pairs=out("critic_pairs"), scored_chunks=out("scored_chunks"),
-            out_readiness=out("readiness"), out_advantages=out("advantages"))),
-        ("update_actor", update_actor.run, dict(
-            problems=problems, actor=actor_in, prefixes=out("prefixes"), chunks=out("chunks"),
-            advantages=out("advantages"), out_actor=out("actor"),
-            reference=layout.bootstrap("actor") if cfg.actor.kl_beta > 0 else None)),
+        (
+            "sample_prefixes",
+            sample_prefixes.run,
+            dict(
+                problems=problems,
+                replay=prev("replay"),
+                scored_chunks=prev("scored_chunks"),
+                readiness=prev("readiness"),
+                actor=actor_in,
+                out_replay=out("replay"),
+                out_prefixes=out("prefixes"),
+            ),
+        ),
+        (
+            "generate_chunks",
+            generate_chunks.run,
+            dict(problems=problems, prefixes=out("prefixes"), actor=actor_in, out_chunks=out("chunks")),
+        ),
+        (
+            "score_chunks",
+            score_chunks.run,
+            dict(
+                problems=problems,
+                replay=out("replay"),
+                prefixes=out("prefixes"),
+                chunks=out("chunks"),
+                actor=actor_in,
+                critic=critic_in,
+                out_scored_chunks=out("scored_chunks"),
+                out_critic_pairs=out("critic_pairs"),
+            ),
+        ),
+        (
+            "check_readiness",
+            check_readiness.run,
+            dict(
+                readiness=prev("readiness"),
+                critic_pairs=out("critic_pairs"),
+                scored_chunks=out("scored_chunks"),
+                out_readiness=out("readiness"),
+                out_advantages=out("advantages"),
+            ),
+        ),
+        (
+            "update_actor",
+            update_actor.run,
+            dict(
+                problems=problems,
+                actor=actor_in,
+                prefixes=out("prefixes"),
+                chunks=out("chunks"),
+                advantages=out("advantages"),
+                out_actor=out("actor"),
+                reference=layout.bootstrap("actor") if cfg.actor.kl_beta > 0 else None,
+            ),
+        ),
     ]
     if cfg.uses_critic:
-        calls.append(("update_critic", update_critic.run, dict(
-            problems=problems, replay=out("replay"), critic=critic_in, critic_pairs=out("critic_pairs"),
-            scored_chunks=out("scored_chunks"), out_critic=out("critic"))))
-    calls.append(("evaluate", evaluate.run, dict(
-        problems=problems, actor=out("actor"), prefixes=out("prefixes"), chunks=out("chunks"),
-        scored_chunks=out("scored_chunks"), critic_pairs=out("critic_pairs"), readiness=out("readiness"),
-        critic=out("critic") if cfg.uses_critic else None, metrics=prev("metrics"), out_metrics=out("metrics"))))
+        calls.append(
+            (
+                "update_critic",
+                update_critic.run,
+                dict(
+                    problems=problems,
+                    replay=out("replay"),
+                    critic=critic_in,
+                    critic_pairs=out("critic_pairs"),
+                    scored_chunks=out("scored_chunks"),
+                    out_critic=out("critic"),
+                ),
+            )
+        )
+    calls.append(
+        (
+            "evaluate",
+            evaluate.run,
+            dict(
+                problems=problems,
+                actor=out("actor"),
+                prefixes=out("prefixes"),
+                chunks=out("chunks"),
+                scored_chunks=out("scored_chunks"),
+                critic_pairs=out("critic_pairs"),
+                readiness=out("readiness"),
+                critic=out("critic") if cfg.uses_critic else None,
+                metrics=prev("metrics"),
+                out_metrics=out("metrics"),
+            ),
+        )
+    )
     return calls
 
 

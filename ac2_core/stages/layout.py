@@ -1,13 +1,13 @@
 """Where a local run keeps its artifacts: one folder per iteration, one per stage.
 
-    <root>/bootstrap/{problems,actor,critic}
-    <root>/iter-0001/sample_prefixes/{replay,prefixes}
-    <root>/iter-0001/generate_chunks/chunks
-    <root>/iter-0001/score_chunks/{scored_chunks,critic_pairs}
-    <root>/iter-0001/check_readiness/{readiness,advantages}
-    <root>/iter-0001/update_actor/actor
-    <root>/iter-0001/update_critic/critic
-    <root>/iter-0001/evaluate/metrics
+<root>/bootstrap/{problems,actor,critic}
+<root>/iter-0001/sample_prefixes/{replay,prefixes}
+<root>/iter-0001/generate_chunks/chunks
+<root>/iter-0001/score_chunks/{scored_chunks,critic_pairs}
+<root>/iter-0001/check_readiness/{readiness,advantages}
+<root>/iter-0001/update_actor/actor
+<root>/iter-0001/update_critic/critic
+<root>/iter-0001/evaluate/metrics
 """
 
 from __future__ import annotations

@@ -28,7 +28,10 @@ def reward_for(problem: dict, response: str, chunk_id: str) -> float:
     """The grader's reward, refused unless it is a number in [0, 1]."""
     r = grade(problem["task"], problem["answer"], response)
     if not isinstance(r, (int, float)) or not math.isfinite(r) or not 0.0 <= r <= 1.0:
-        raise ValueError(f"grader {problem['task']!r} returned {r!r} for chunk {chunk_id} (problem {problem['problem_id']}); rewards must be finite numbers in [0, 1]")
+        raise ValueError(
+            f"grader {problem['task']!r} returned {r!r} for chunk {chunk_id} (problem {problem['problem_id']});"
+            " rewards must be finite numbers in [0, 1]"
+        )
     return float(r)
 
 
@@ -65,7 +68,11 @@ def run(
             raise ValueError(f"{chunks}: chunk {c['chunk_id']} refers to prefix {c['prefix_id']}, absent from {prefixes}")
         response = p["prefix_token_ids"] + c["token_ids"]
         finished = c["finish_reason"] != "length"
-        reward = reward_for(probs[c["problem_id"]], tok.decode(response, skip_special_tokens=True), c["chunk_id"]) if finished else None
+        reward = (
+            reward_for(probs[c["problem_id"]], tok.decode(response, skip_special_tokens=True), c["chunk_id"])
+            if finished
+            else None
+        )
         i = len(scored)
         scored.append(
             {
@@ -90,10 +97,10 @@ def run(
         )
         if builder is None:
             continue
-        build = lambda state: builder.build(c["problem_id"], p["ref_trajectory_id"], state)  # noqa: E731
-        requests.append((i, "value_start", build(p["prefix_token_ids"])))
+        pid, ref = c["problem_id"], p["ref_trajectory_id"]
+        requests.append((i, "value_start", builder.build(pid, ref, p["prefix_token_ids"])))
         if not finished:
-            requests.append((i, "value_end", build(response)))
+            requests.append((i, "value_end", builder.build(pid, ref, response)))
             continue
         for cut in cut_points(len(response), cfg.rollout.chunk_tokens, finished=True):
             pairs.append(
@@ -111,7 +118,7 @@ def run(
                     "critic_tokens": 0,
                 }
             )
-            requests.append((i, len(pairs) - 1, build(response[:cut])))
+            requests.append((i, len(pairs) - 1, builder.build(pid, ref, response[:cut])))
 
     if ckpt is not None and requests:
         _apply_critic(ckpt, requests, scored, pairs, batch_size=cfg.critic.score_batch_size)

@@ -78,7 +78,9 @@ def run(
         c, p = chunk_by_id[a["chunk_id"]], prefix_by_id[a["prefix_id"]]
         if a["problem_id"] not in prompts:
             prompts[a["problem_id"]] = prompt_ids(tok, probs[a["problem_id"]]["prompt"])
-        batch.append((prompts[a["problem_id"]] + p["prefix_token_ids"], c["token_ids"], c["logprobs"], a["advantage"] * a["weight"]))
+        batch.append(
+            (prompts[a["problem_id"]] + p["prefix_token_ids"], c["token_ids"], c["logprobs"], a["advantage"] * a["weight"])
+        )
     mbs = [batch[i : i + cfg.actor.micro_batch_size] for i in range(0, len(batch), cfg.actor.micro_batch_size)]
 
     def loss_fn(model, mb):

@@ -29,8 +29,10 @@ def save_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module, fol
             t = value if torch.is_tensor(value) else torch.tensor(value)
             tensors[f"{index_to_name[idx]}::{key}"] = t.detach().cpu().contiguous()
     save_file(tensors, str(folder / TENSORS))
-    groups = [{k: v for k, v in g.items() if k != "params"} | {"params": [index_to_name[i] for i in g["params"]]}
-              for g in sd["param_groups"]]
+    groups = [
+        {k: v for k, v in g.items() if k != "params"} | {"params": [index_to_name[i] for i in g["params"]]}
+        for g in sd["param_groups"]
+    ]
     (folder / GROUPS).write_text(json.dumps({"param_groups": groups}, indent=1, sort_keys=True) + "\n")
 
 

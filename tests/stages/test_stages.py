@@ -77,10 +77,15 @@ def test_every_chunk_continues_its_prefix_token_for_token(run_dir, tiny_cfg):
     # prompt + prefix: generation really conditioned on the prefix ids.
     actor = store.load(layout.output(1, "actor"), kind="actor")
     probs = Problems.load(layout.bootstrap("problems"))
-    contexts = [prompt_ids(actor.tokenizer, probs[c["problem_id"]]["prompt"]) + prefixes[c["prefix_id"]]["prefix_token_ids"] for c in chunks]
+    contexts = [
+        prompt_ids(actor.tokenizer, probs[c["problem_id"]]["prompt"]) + prefixes[c["prefix_id"]]["prefix_token_ids"]
+        for c in chunks
+    ]
     assert all(len(ctx) == c["context_tokens"] for ctx, c in zip(contexts, chunks))
     with torch.no_grad():
-        lp, mask = token_logprobs(actor.model, contexts, [c["token_ids"] for c in chunks], pad_id=actor.tokenizer.pad_token_id, temperature=1.0)
+        lp, mask = token_logprobs(
+            actor.model, contexts, [c["token_ids"] for c in chunks], pad_id=actor.tokenizer.pad_token_id, temperature=1.0
+        )
     for i, c in enumerate(chunks):
         torch.testing.assert_close(lp[i, : len(c["token_ids"])], torch.tensor(c["logprobs"]), atol=1e-4, rtol=0)
 
@@ -91,7 +96,7 @@ def test_rerun_with_same_inputs_gives_identical_outputs(run_dir, tiny_cfg, tmp_p
     run_stages(tiny_cfg, layout, 2)
     rerun = tmp_path / "rerun"
     run_stages(tiny_cfg, layout, 2, out_root=rerun)
-    for name, fn, kwargs in inprocess.stage_calls(tiny_cfg, layout, 2):
+    for name, _, kwargs in inprocess.stage_calls(tiny_cfg, layout, 2):
         for key, uri in kwargs.items():
             if key.startswith("out_"):
                 assert storage.content_hash(str(rerun / name / key)) == storage.content_hash(uri), f"{name}.{key}"
@@ -140,9 +145,15 @@ def test_empty_problem_set_is_refused_and_writes_nothing(run_dir, tiny_cfg, tmp_
     layout = RunLayout(str(run_dir))
     with pytest.raises(ValueError, match="problem set is empty"):
         sample_prefixes.run(
-            tiny_cfg, iteration=1, problems=empty, replay=layout.bootstrap("replay"),
-            scored_chunks=layout.bootstrap("scored_chunks"), readiness=layout.bootstrap("readiness"),
-            actor=layout.bootstrap("actor"), out_replay=str(tmp_path / "r"), out_prefixes=str(tmp_path / "p"),
+            tiny_cfg,
+            iteration=1,
+            problems=empty,
+            replay=layout.bootstrap("replay"),
+            scored_chunks=layout.bootstrap("scored_chunks"),
+            readiness=layout.bootstrap("readiness"),
+            actor=layout.bootstrap("actor"),
+            out_replay=str(tmp_path / "r"),
+            out_prefixes=str(tmp_path / "p"),
         )
     assert not (tmp_path / "r").exists() and not (tmp_path / "p").exists()
 
@@ -150,7 +161,7 @@ def test_empty_problem_set_is_refused_and_writes_nothing(run_dir, tiny_cfg, tmp_
 def test_nan_reward_from_grader_is_refused_and_writes_nothing(run_dir, tiny_cfg, monkeypatch):
     layout = RunLayout(str(run_dir))
     calls = inprocess.stage_calls(tiny_cfg, layout, 1)
-    for name, fn, kwargs in calls[:2]:
+    for _, fn, kwargs in calls[:2]:
         fn(tiny_cfg, iteration=1, **kwargs)
     monkeypatch.setattr(score_chunks, "grade", lambda task, answer, response: math.nan)
     _, fn, kwargs = calls[2]
@@ -164,7 +175,7 @@ def test_nan_reward_from_grader_is_refused_and_writes_nothing(run_dir, tiny_cfg,
 def test_stage_refuses_a_malformed_chunks_table(run_dir, tiny_cfg, tmp_path, damage):
     layout = RunLayout(str(run_dir))
     calls = inprocess.stage_calls(tiny_cfg, layout, 1)
-    for name, fn, kwargs in calls[:2]:
+    for _, fn, kwargs in calls[:2]:
         fn(tiny_cfg, iteration=1, **kwargs)
     chunks_uri = layout.output(1, "chunks")
     table = storage.read_table(chunks_uri, kind="chunks")
@@ -172,7 +183,9 @@ def test_stage_refuses_a_malformed_chunks_table(run_dir, tiny_cfg, tmp_path, dam
         table = table.drop_columns(["logprobs"])
         expected = "missing column.*logprobs"
     else:
-        table = table.set_column(table.schema.get_field_index("sample_index"), "sample_index", table.column("sample_index").cast(pa.int64()))
+        table = table.set_column(
+            table.schema.get_field_index("sample_index"), "sample_index", table.column("sample_index").cast(pa.int64())
+        )
         expected = "column sample_index of chunks should be int32, found int64"
     # Forge a well-formed manifest around the damaged table, as a foreign writer might.
     data = storage.join(chunks_uri, storage.DATA)
