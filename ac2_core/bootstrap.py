@@ -126,17 +126,16 @@ def bootstrap(
     with torch.random.fork_rng():  # leave the caller's global RNG untouched
         torch.manual_seed(cfg.seed)
         model, tok = _initial_actor(cfg, table.to_pylist(), log)
+    rows = table.to_pylist()
+    key = cfg.bootstrap_hash()  # bootstraps are shared by runs that agree on these fields
     store = ModelStore(cfg)
-    problems_hash = storage.write_table(problems, table, kind="problems", stage=STAGE, config_hash=cfg.config_hash()).content_hash
-    actor_hash = store.save(actor, Checkpoint("actor", model, tok, 0), stage=STAGE)
-    critic_hash = store.save(critic, Checkpoint("critic", Critic.from_actor(model, seed=cfg.seed), tok, 0), stage=STAGE)
+    problems_hash = storage.write_table(problems, table, kind="problems", stage=STAGE, config_hash=key).content_hash
+    actor_hash = store.save(actor, Checkpoint("actor", model, tok, 0), stage=STAGE, config_hash=key)
+    critic_ckpt = Checkpoint("critic", Critic.from_actor(model, seed=cfg.seed), tok, 0)
+    critic_hash = store.save(critic, critic_ckpt, stage=STAGE, config_hash=key)
     for kind, uri in state.items():
-        rows = (
-            [initial_metrics(cfg, model, tok, Problems({r["problem_id"]: r for r in table.to_pylist()}))]
-            if kind == "metrics"
-            else []
-        )
-        storage.write_table(uri, storage.table_from_rows(rows, kind), kind=kind, stage=STAGE, config_hash=cfg.config_hash())
+        initial = [initial_metrics(cfg, model, tok, Problems({r["problem_id"]: r for r in rows}))] if kind == "metrics" else []
+        storage.write_table(uri, storage.table_from_rows(initial, kind), kind=kind, stage=STAGE, config_hash=key)
     summary = {"problems": table.num_rows, "problems_hash": problems_hash, "actor_hash": actor_hash, "critic_hash": critic_hash}
     log(f"bootstrap: {json.dumps(summary)}")
     return summary

@@ -100,9 +100,10 @@ class ModelStore:
 
     # ------------------------------------------------------------------- saving
 
-    def save(self, uri: str, ckpt: Checkpoint, *, stage: str) -> str:
+    def save(self, uri: str, ckpt: Checkpoint, *, stage: str, config_hash: str | None = None) -> str:
         """Publish ``ckpt`` at ``uri`` (weights, tokenizer, optimizer state, version)."""
-        with storage.publish_dir(uri, kind=ckpt.kind, stage=stage, config_hash=self.cfg.config_hash()) as folder:
+        config_hash = config_hash or self.cfg.config_hash()
+        with storage.publish_dir(uri, kind=ckpt.kind, stage=stage, config_hash=config_hash) as folder:
             if ckpt.kind == "actor":
                 save_model(ckpt.model, ckpt.tokenizer, folder)
             else:

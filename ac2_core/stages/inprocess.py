@@ -133,6 +133,36 @@ def run_bootstrap(cfg: AC2Config, layout: RunLayout, log: Log = print) -> dict:
     )
 
 
+BOOTSTRAP_ARTIFACTS = ("problems", "actor", "critic", *EMPTY_STATE)
+
+
+def adopt_bootstrap(cfg: AC2Config, layout: RunLayout, source_root: str) -> None:
+    """Start a run from another run's bootstrap (same model, task, warm start and seed).
+
+    Sharing one bootstrap is how AC2 and GRPO runs start from the same warm-started
+    weights, and it saves the SFT warm start. A bootstrap made for other settings is refused.
+    """
+    source = RunLayout(source_root)
+    for name in BOOTSTRAP_ARTIFACTS:
+        made_for = storage.read_manifest(source.bootstrap(name)).config_hash
+        if made_for != cfg.bootstrap_hash():
+            raise ValueError(
+                f"{source.bootstrap(name)} was bootstrapped with other model/task/warm_start/eval/seed settings;"
+                " it cannot start this run"
+            )
+    for name in BOOTSTRAP_ARTIFACTS:
+        _copy_artifact(source.bootstrap(name), layout.bootstrap(name))
+
+
+def _copy_artifact(src: str, dst: str) -> None:
+    """Republish a verified artifact under another URI, manifest fields unchanged."""
+    m = storage.read_manifest(src)
+    with storage.publish_dir(dst, kind=m.kind, stage=m.stage, config_hash=m.config_hash, rows=m.rows) as folder:
+        for name in m.files:
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_bytes(storage.read_file(src, name))
+
+
 _TAKES_STORE = {"generate_chunks", "score_chunks", "update_actor", "update_critic", "evaluate"}
 
 

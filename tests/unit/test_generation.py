@@ -1,0 +1,104 @@
+"""The hf generation backend on a tiny random model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ac2_core.config import TinyModelConfig
+from ac2_core.generation import generate
+from ac2_core.models.tiny import build_tiny_model
+from ac2_core.models.tokenizer import build_tokenizer
+
+
+@pytest.fixture(scope="module")
+def lm():
+    tok = build_tokenizer(["12+34=46;#46", "7+8=15;#15"])
+    cfg = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32, intermediate_size=128)
+    return build_tiny_model(tok, cfg, seed=3), tok
+
+
+def _ids(tok, text):
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def _run(lm, contexts, budgets, **kw):
+    model, tok = lm
+    return generate(model, contexts, budgets, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, **kw)
+
+
+def test_greedy_matches_transformers_generate(lm):
+    # Our loop (left padding, KV cache, explicit positions) must pick the tokens HF's own
+    # generate picks for each context decoded alone.
+    model, tok = lm
+    contexts = [_ids(tok, "12+34="), _ids(tok, "7+8=15;"), _ids(tok, "1")]
+    out = _run(lm, contexts, [12, 12, 12], n=1, seed=0, greedy=True)
+    for ctx, (sample,) in zip(contexts, out):
+        ref = model.generate(
+            torch.tensor([ctx]),
+            attention_mask=torch.ones(1, len(ctx), dtype=torch.long),
+            max_new_tokens=12,
+            do_sample=False,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )[0, len(ctx) :].tolist()
+        assert sample.token_ids == ref[: len(sample.token_ids)]
+
+
+def test_seeded_sampling_is_reproducible_and_seed_dependent(lm):
+    tok = lm[1]
+    contexts = [_ids(tok, "12+"), _ids(tok, "7+8")]
+    a = _run(lm, contexts, [10, 10], n=4, seed=11)
+    b = _run(lm, contexts, [10, 10], n=4, seed=11)
+    c = _run(lm, contexts, [10, 10], n=4, seed=12)
+    tokens = lambda out: [[s.token_ids for s in g] for g in out]  # noqa: E731
+    assert tokens(a) == tokens(b)
+    assert [[s.logprobs for s in g] for g in a] == [[s.logprobs for s in g] for g in b]
+    assert tokens(a) != tokens(c)
+
+
+def test_budgets_finish_reasons_and_logprobs(lm):
+    model, tok = lm
+    contexts = [_ids(tok, "12+34="), _ids(tok, "7")]
+    out = _run(lm, contexts, [3, 9], n=5, seed=1, temperature=1.3, batch_size=4)
+    assert [len(g) for g in out] == [5, 5]
+    for group, budget in zip(out, [3, 9]):
+        for s in group:
+            assert 1 <= len(s.token_ids) <= budget and len(s.logprobs) == len(s.token_ids)
+            assert all(lp <= 0 for lp in s.logprobs)
+            if s.finish_reason == "stop":
+                assert s.token_ids[-1] == tok.eos_token_id and tok.eos_token_id not in s.token_ids[:-1]
+            else:
+                assert s.finish_reason == "length" and len(s.token_ids) == budget
+    # The behaviour log-prob of the first token is log softmax(logits / T) at the context's end.
+    ctx = contexts[1]
+    with torch.no_grad():
+        logits = model(torch.tensor([ctx])).logits[0, -1]
+    expected = torch.log_softmax(logits / 1.3, -1)
+    for s in out[1]:
+        assert s.logprobs[0] == pytest.approx(float(expected[s.token_ids[0]]), abs=1e-5)
+
+
+class _EosOnDecodeSteps(torch.nn.Module):
+    """The tiny model, except that every decode step after the prefill strongly prefers eos."""
+
+    def __init__(self, model, eos_id):
+        super().__init__()
+        self.model, self.eos_id = model, eos_id
+
+    def forward(self, **kw):
+        out = self.model(**kw)
+        if kw["input_ids"].shape[1] == 1:
+            out.logits[..., self.eos_id] += 100.0
+        return out
+
+
+def test_eos_ends_a_row_and_is_kept(lm):
+    model, tok = lm
+    wrapped = _EosOnDecodeSteps(model, tok.eos_token_id)
+    (group,) = generate(wrapped, [_ids(tok, "12+")], [6], n=4, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, seed=0)
+    for s in group:
+        # token 1 comes from the prefill; token 2 is eos: the row stops there, eos included
+        assert len(s.token_ids) == 2 and s.token_ids[1] == tok.eos_token_id
+        assert s.finish_reason == "stop"
+        assert s.logprobs[1] > -1e-3  # eos was near-certain
