@@ -231,6 +231,22 @@ class AC2Config(_Section):
         canonical = json.dumps(self.model_dump(mode="json", exclude={"storage"}), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
+    def bootstrap_hash(self) -> str:
+        """Hash of the fields that determine the bootstrap (problems, initial actor and critic).
+
+        Runs whose bootstrap hashes match can share one bootstrap: an AC2 run and a GRPO
+        run of the same model, task and warm start start from the same weights.
+        """
+        part = {
+            "seed": self.seed,
+            "model": self.model.model_dump(mode="json"),
+            "task": self.task.model_dump(mode="json"),
+            "warm_start": self.warm_start.model_dump(mode="json"),
+            "eval": self.eval.model_dump(mode="json"),
+            "sampling": [self.rollout.max_response_tokens, self.rollout.temperature],
+        }
+        return hashlib.sha256(json.dumps(part, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
     def to_json(self) -> str:
         return self.model_dump_json()
 

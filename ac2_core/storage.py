@@ -193,12 +193,13 @@ def _s3_fs(uri: str, section: StorageConfig) -> tuple[fsspec.AbstractFileSystem,
             # one try per request in botocore and in s3fs: _retry below is the only retry loop
             "retries": {"total_max_attempts": 1, "mode": "standard"},
         },
-        retries=1,
         use_listings_cache=False,  # another process may have written since the last listing
     )
     if key:  # otherwise botocore reads the web identity from the same environment
         options.update(key=key, secret=secret, token=env.get("AWS_SESSION_TOKEN") or None)
-    return s3fs.S3FileSystem(**options), endpoint or "AWS S3"
+    fs = s3fs.S3FileSystem(**options)
+    fs.retries = 1  # a class attribute in s3fs (5 tries); one here, as for botocore above
+    return fs, endpoint or "AWS S3"
 
 
 def _target(uri: str, *, write: bool = False) -> _Target:
