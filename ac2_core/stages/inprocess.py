@@ -204,18 +204,23 @@ def format_row(m: dict) -> str:
 HEADER = f"{'iter':>5} {'val':>6} {'ready':>7} {'chunk/full':>11} {'dec_tok':>9} {'cum_dec_FLOPs':>12}"
 
 
-def run(cfg: AC2Config, out_dir: str, *, log: Log = print) -> list[dict]:
-    """Bootstrap (once), then run iterations up to ``cfg.run.iterations``; returns the metrics rows."""
+def run(cfg: AC2Config, out_dir: str, *, log: Log = print, bootstrap_from: str | None = None) -> list[dict]:
+    """Bootstrap (once, or adopt ``bootstrap_from``'s), then run iterations up to
+    ``cfg.run.iterations``; returns the metrics rows."""
     with storage.using(cfg.storage):  # endpoint, retries and artifact root of every stage below
-        return _run(cfg, out_dir, log)
+        return _run(cfg, out_dir, log, bootstrap_from)
 
 
-def _run(cfg: AC2Config, out_dir: str, log: Log) -> list[dict]:
+def _run(cfg: AC2Config, out_dir: str, log: Log, bootstrap_from: str | None) -> list[dict]:
     layout = RunLayout(out_dir)
     store = ModelStore(cfg, keep_in_memory=True)
     t_start = time.perf_counter()
     if not storage.exists(layout.bootstrap("metrics")):
-        run_bootstrap(cfg, layout, log)
+        if bootstrap_from:
+            adopt_bootstrap(cfg, layout, bootstrap_from)
+            log(f"bootstrap adopted from {bootstrap_from}")
+        else:
+            run_bootstrap(cfg, layout, log)
     done = completed_iterations(layout)
     if done:
         log(f"resuming {out_dir} after iteration {done}")
