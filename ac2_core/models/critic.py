@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel, PreTrainedModel, PreTrainedTokenizerBase
 
-from ac2_core.models.hf import ATTN_IMPLEMENTATION, check_safetensors_dir, load_tokenizer, torch_dtype
+from ac2_core.models.hf import ATTN_IMPLEMENTATION, check_safetensors_dir, from_local, load_tokenizer
 
 HEAD_FILE = "value_head.safetensors"
 META_FILE = "critic.json"
@@ -110,13 +110,8 @@ class Critic(nn.Module):
         meta = _read_meta(path)
         if not (path / HEAD_FILE).is_file():
             raise FileNotFoundError(f"critic directory {path} has no {HEAD_FILE}")
-        backbone = AutoModel.from_pretrained(
-            path,
-            dtype=torch_dtype(dtype),
-            local_files_only=True,
-            use_safetensors=True,
-            trust_remote_code=trust_remote_code,
-            attn_implementation=attn_implementation,
+        backbone = from_local(
+            AutoModel, path, dtype=dtype, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation
         )
         state = load_file(str(path / HEAD_FILE))
         hidden = backbone.config.hidden_size

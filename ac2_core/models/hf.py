@@ -82,7 +82,15 @@ def load_model(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer from a local HF directory, in eval mode."""
     path = check_safetensors_dir(path)
-    model = AutoModelForCausalLM.from_pretrained(
+    model = from_local(
+        AutoModelForCausalLM, path, dtype=dtype, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation
+    )
+    return model.eval(), load_tokenizer(path)
+
+
+def from_local(auto_class, path: Path, *, dtype: str, trust_remote_code: bool, attn_implementation: str) -> PreTrainedModel:
+    """``auto_class.from_pretrained`` the one way ac2 allows: local files, safetensors only."""
+    return auto_class.from_pretrained(
         path,
         dtype=torch_dtype(dtype),
         local_files_only=True,
@@ -90,4 +98,3 @@ def load_model(
         trust_remote_code=trust_remote_code,
         attn_implementation=attn_implementation,
     )
-    return model.eval(), load_tokenizer(path)
