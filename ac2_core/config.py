@@ -183,7 +183,7 @@ class StorageConfig(_Section):
     (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, e.g. from a Kubernetes secret).
     """
 
-    endpoint_url: str | None = Field(None, description="S3 endpoint (http://host:port); unset: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, else AWS")
+    endpoint_url: str | None = Field(None, description="S3 endpoint; unset: AWS_ENDPOINT_URL_S3, then AWS_ENDPOINT_URL, then AWS")
     region: str | None = Field(None, description="S3 region; unset: AWS_REGION, AWS_DEFAULT_REGION")
     artifact_root: str | None = Field(None, description="URI or path every artifact must be written under; unset: anywhere")
     max_attempts: int = Field(5, ge=1, le=20, description="tries of one storage request when it fails transiently")

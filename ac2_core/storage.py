@@ -190,7 +190,7 @@ def _s3_fs(uri: str, section: StorageConfig) -> tuple[fsspec.AbstractFileSystem,
         config_kwargs={
             "connect_timeout": section.connect_timeout,
             "read_timeout": section.read_timeout,
-            # one try per request in botocore and in s3fs: _retry below is the only retry loop
+            # one try per request in botocore and in s3fs: _call's loop is the only retry loop
             "retries": {"total_max_attempts": 1, "mode": "standard"},
         },
         use_listings_cache=False,  # another process may have written since the last listing
@@ -235,8 +235,7 @@ def _check_root(uri: str, section: StorageConfig) -> None:
     root, target = _normalized(section.artifact_root), _normalized(uri)
     if root[0] != target[0] or not target[1].startswith(root[1].rstrip("/") + "/"):
         raise ArtifactError(
-            f"{uri}: not under the artifact root {section.artifact_root} (storage.artifact_root);"
-            " nothing was written"
+            f"{uri}: not under the artifact root {section.artifact_root} (storage.artifact_root); nothing was written"
         )
 
 
@@ -247,10 +246,14 @@ def join(uri: str, *parts: str) -> str:
 # ---------------------------------------------------------------------- retries
 
 
+# Errors that another try would meet again: a missing object, refused credentials, a bad request.
+_PERMANENT = (ArtifactError, FileNotFoundError, PermissionError, FileExistsError, IsADirectoryError, NotADirectoryError)
+_PERMANENT_ERRNOS = (errno.EINVAL, errno.EPERM, errno.EACCES, errno.EMSGSIZE, errno.ENOTEMPTY)
+
+
 def _transient(err: BaseException) -> bool:
     """True for errors that another try may not meet: timeouts, dropped connections, 5xx."""
-    if isinstance(err, (ArtifactError, FileNotFoundError, PermissionError, FileExistsError, IsADirectoryError,
-                        NotADirectoryError, ValueError, TypeError, KeyError)):
+    if isinstance(err, (*_PERMANENT, ValueError, TypeError, KeyError)):
         return False
     if isinstance(err, (TimeoutError, ConnectionError)):  # asyncio's and fsspec's timeouts included
         return True
@@ -259,7 +262,7 @@ def _transient(err: BaseException) -> bool:
 
         if isinstance(err, (bx.NoCredentialsError, bx.PartialCredentialsError, bx.ParamValidationError)):
             return False
-        if isinstance(err, (bx.HTTPClientError, bx.IncompleteReadError, bx.ResponseStreamingError)):
+        if isinstance(err, (bx.ConnectionError, bx.HTTPClientError, bx.IncompleteReadError, bx.ResponseStreamingError)):
             return True
         if isinstance(err, bx.ClientError):
             status = err.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
@@ -270,7 +273,7 @@ def _transient(err: BaseException) -> bool:
         if isinstance(err, aiohttp.ClientError):
             return True
     if isinstance(err, OSError):  # s3fs's translation of S3 error codes
-        return err.errno not in (errno.EINVAL, errno.EPERM, errno.EACCES, errno.EMSGSIZE, errno.ENOTEMPTY)
+        return err.errno not in _PERMANENT_ERRNOS
     return False
 
 
@@ -284,8 +287,9 @@ def _why(err: BaseException) -> str:
 _STALL_BYTES_PER_SECOND = 1 << 20
 
 
-def _call(t: _Target, what: str, method: str, *args, nbytes: int = 0, **kwargs):
-    """``t.fs.<method>(*args)`` with bounded retries; FileNotFoundError passes through.
+def _call(t: _Target, what: str, method: str, *args, nbytes: int = 0, missing_ok: bool = False, **kwargs):
+    """``t.fs.<method>(*args)`` with bounded retries; any failure becomes an ArtifactError
+    naming the URI, except FileNotFoundError where the caller handles it (``missing_ok``).
 
     Local paths are called once: retrying a local file system only delays its error.
     """
@@ -300,10 +304,11 @@ def _call(t: _Target, what: str, method: str, *args, nbytes: int = 0, **kwargs):
         try:
             return fn(*args, **kwargs)
         except Exception as err:  # noqa: BLE001  (sorted below)
-            if isinstance(err, FileNotFoundError):
+            if isinstance(err, FileNotFoundError) and missing_ok:
                 raise
             if not _transient(err):
-                raise ArtifactError(f"{t.uri}: {what} was refused by {t.endpoint}: {_why(err)}") from err
+                verb = "was refused by" if isinstance(err, PermissionError) else "failed at"
+                raise ArtifactError(f"{t.uri}: {what} {verb} {t.endpoint}: {_why(err)}") from err
             elapsed = time.monotonic() - start
             pause = s.backoff_seconds * 2 ** (attempt - 1)
             if attempt == s.max_attempts or elapsed + pause > s.max_retry_seconds:
@@ -337,7 +342,7 @@ def _objects(t: _Target) -> list[str]:
     """Names of the objects under a remote artifact, relative to it."""
     found = _call(t, "listing", "find", t.path, detail=True)
     prefix = t.path.rstrip("/") + "/"
-    return sorted(p[len(prefix):] for p, info in found.items() if info.get("type") == "file" and p.startswith(prefix))
+    return sorted(p[len(prefix) :] for p, info in found.items() if info.get("type") == "file" and p.startswith(prefix))
 
 
 def exists(uri: str) -> bool:
@@ -346,7 +351,7 @@ def exists(uri: str) -> bool:
     if t.local:
         return t.fs.exists(join(t.path, MANIFEST))
     try:
-        _call(t, f"lookup of {MANIFEST}", "info", join(t.path, MANIFEST))
+        _call(t, f"lookup of {MANIFEST}", "info", join(t.path, MANIFEST), missing_ok=True)
         return True
     except FileNotFoundError:
         return False
@@ -365,7 +370,7 @@ def remove(uri: str) -> None:
 
 def _remove_remote(t: _Target) -> None:
     with contextlib.suppress(FileNotFoundError):
-        _call(t, f"removal of the old {MANIFEST}", "rm_file", join(t.path, MANIFEST))
+        _call(t, f"removal of the old {MANIFEST}", "rm_file", join(t.path, MANIFEST), missing_ok=True)
     stale = [join(t.path, name) for name in _objects(t)]
     if stale:
         _call(t, f"removal of {len(stale)} old file(s)", "rm", stale)
@@ -501,7 +506,7 @@ def write_table(uri: str, table: pa.Table, *, kind: str, stage: str, config_hash
 def read_manifest(uri: str) -> Manifest:
     t = _target(uri)
     try:
-        text = _call(t, f"download of {MANIFEST}", "cat_file", join(t.path, MANIFEST)).decode()
+        text = _call(t, f"download of {MANIFEST}", "cat_file", join(t.path, MANIFEST), missing_ok=True).decode()
     except FileNotFoundError:
         leftovers = t.fs.exists(t.path) if t.local else bool(_objects(t))
         if leftovers:
@@ -522,7 +527,7 @@ def _mismatch(uri: str, name: str, digest: str, expected: dict) -> ArtifactError
 
 def _verified_bytes(t: _Target, name: str, expected: dict) -> bytes:
     try:
-        data = _call(t, f"download of {name}", "cat_file", join(t.path, name), nbytes=expected.get("bytes", 0))
+        data = _call(t, f"download of {name}", "cat_file", join(t.path, name), nbytes=expected.get("bytes", 0), missing_ok=True)
     except FileNotFoundError:
         raise ArtifactError(f"{t.uri}: {name} is listed in the manifest but missing") from None
     digest = hashlib.sha256(data).hexdigest()
@@ -581,7 +586,9 @@ def _refuse_pickle(files: list[str], uri: str) -> None:
 def _download_verified(t: _Target, name: str, expected: dict, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     try:
-        _call(t, f"download of {name}", "get_file", join(t.path, name), str(dest), nbytes=expected.get("bytes", 0))
+        _call(
+            t, f"download of {name}", "get_file", join(t.path, name), str(dest), nbytes=expected.get("bytes", 0), missing_ok=True
+        )
     except FileNotFoundError:
         raise ArtifactError(f"{t.uri}: {name} is listed in the manifest but missing") from None
     got = _sha256_file(dest)
@@ -620,9 +627,7 @@ def local_model_dir(uri: str, *, kind: str, cache_dir: str | None = None) -> Pat
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".download-", dir=root.parent))
     try:
-        jobs = [
-            lambda n=n, e=e: _download_verified(t, n, e, staging / n) for n, e in sorted(manifest.files.items())
-        ]
+        jobs = [lambda n=n, e=e: _download_verified(t, n, e, staging / n) for n, e in sorted(manifest.files.items())]
         _in_parallel(jobs, t.section.io_threads)
         (staging / MANIFEST).write_text(manifest.to_json())
         if root.exists():  # a stale or partial folder of the same hash: the verified copy replaces it
