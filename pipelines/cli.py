@@ -1,8 +1,14 @@
 """The ``ac2`` command line.
 
-    ac2 run --config C [--iterations N] [--out DIR] [--runner inprocess|kfp] [--set key=value ...]
+    ac2 run      --config C [--iterations N] [--out DIR] [--runner kfp|inprocess] [--bootstrap-from RUN_DIR]
+    ac2 validate --config C
+    ac2 compile  --config C --out FILE [--pipeline iteration|bootstrap]
+    ac2 submit   --host URL --config C [--iterations N] [--experiment NAME] [--pipeline-root URI] [--dry-run]
+    ac2 stage    NAME --config C --in KEY=URI ... --out KEY=URI ... [--iteration K]
+    ac2 report   RUN_DIR
 
-Every command validates the config before it starts anything.
+Every command that takes ``--config`` (and ``--set key=value`` overrides) validates it
+before it starts anything. Errors print one line and exit non-zero (2 for a bad config).
 """
 
 from __future__ import annotations
@@ -16,6 +22,9 @@ from pathlib import Path
 import yaml
 
 from ac2_core.config import AC2Config, ConfigError, load_config
+from ac2_core.storage import ArtifactError
+from components.report import metrics_markdown
+from pipelines.driver import PipelineFailed
 
 
 def _overrides(pairs: list[str]) -> dict:
@@ -40,24 +49,7 @@ def _log(msg: str) -> None:
 
 
 def summary_table(rows: list[dict]) -> str:
-    lines = [
-        "| iteration | validation score | readiness share | chunk/full groups | decode tokens | decode FLOPs (cum.) |",
-        "|---:|---:|---:|---:|---:|---:|",
-    ]
-    for m in rows:
-        val = "" if m["val_score"] is None else f"{m['val_score']:.3f}"
-        lines.append(
-            f"| {m['iteration']} | {val} | {m['readiness_share']:.2f} | {m['chunk_groups']}/{m['full_groups']} |"
-            f" {m['decode_tokens']} | {m['cum_decode_flops']:.3e} |"
-        )
-    scored = [m for m in rows if m["val_score"] is not None]
-    if scored:
-        lines.append("")
-        lines.append(
-            f"validation score: {scored[0]['val_score']:.3f} at iteration {scored[0]['iteration']}"
-            f" -> {scored[-1]['val_score']:.3f} at iteration {scored[-1]['iteration']}"
-        )
-    return "\n".join(lines)
+    return metrics_markdown(rows)
 
 
 def cmd_run(args) -> int:
@@ -68,11 +60,11 @@ def cmd_run(args) -> int:
         case "inprocess":
             from ac2_core.stages import inprocess
 
-            rows = inprocess.run(cfg, out, log=_log)
+            rows = inprocess.run(cfg, out, log=_log, bootstrap_from=args.bootstrap_from)
         case "kfp":
             from pipelines import local
 
-            rows = local.run(cfg, out, log=_log)
+            rows = local.run(cfg, out, log=_log, bootstrap_from=args.bootstrap_from)
     table = summary_table(rows)
     print("\n" + table, flush=True)
     Path(out, "summary.md").write_text(table + "\n")
@@ -85,6 +77,61 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def cmd_compile(args) -> int:
+    from pipelines.compile import compile_pipeline
+
+    cfg = _config(args)
+    out = compile_pipeline(cfg, args.out, args.pipeline)
+    _log(f"compiled the {args.pipeline} pipeline for {cfg.run_id} ({cfg.algorithm}, config {cfg.config_hash()[:12]}) to {out}")
+    return 0
+
+
+def cmd_submit(args) -> int:
+    from pipelines.submit import submit
+
+    cfg = _config(args)
+    _log(f"config {args.config} ok (hash {cfg.config_hash()[:12]}), algorithm {cfg.algorithm}, host {args.host}")
+    rows = submit(
+        cfg,
+        host=args.host,
+        experiment=args.experiment,
+        pipeline_root=args.pipeline_root,
+        dry_run=args.dry_run,
+        timeout_s=args.timeout,
+        log=_log,
+    )
+    if rows:
+        print("\n" + summary_table(rows), flush=True)
+    return 0
+
+
+def cmd_stage(args) -> int:
+    from pipelines.stage import run_stage, stage_kwargs
+
+    cfg = _config(args)
+    kwargs = stage_kwargs(args.name, args.inputs or [], args.outputs or [])
+    _log(f"stage {args.name}, iteration {args.iteration}, config {cfg.config_hash()[:12]}")
+    stats = run_stage(cfg, args.name, args.iteration, kwargs)
+    print(json.dumps(stats, default=str), flush=True)
+    return 0
+
+
+def cmd_report(args) -> int:
+    from pipelines.report import write_report
+
+    png, md = write_report(args.run_dir)
+    _log(f"wrote {png} and {md}")
+    return 0
+
+
+STAGE_HELP = """Re-run one stage on the artifacts of any earlier run, exactly as its KFP component
+would. KEY is a keyword of ac2_core.stages.NAME.run: inputs as written (--in actor=URI),
+outputs with or without their out_ prefix (--out chunks=URI or --out out_chunks=URI).
+An input the stage accepts as None (a grpo run's critic, update_actor's reference when
+kl_beta is 0) may be left out. Seeds derive from --iteration: pass the original one to
+reproduce an output exactly."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ac2", description="AC2: actor-critic with action chunking, as Kubeflow Pipelines")
     sub = p.add_subparsers(dest="command", required=True)
@@ -93,16 +140,61 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--config", required=True, help="YAML config (see pipelines/configs/)")
         sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field, e.g. rollout.group_size=4")
 
-    r = sub.add_parser("run", help="train: bootstrap, then N iterations")
+    r = sub.add_parser("run", help="train on this machine: bootstrap, then N iterations")
     with_config(r)
     r.add_argument("--iterations", type=int, help="override run.iterations")
     r.add_argument("--out", help="run folder (default runs/<run_id>); an existing run is resumed")
-    r.add_argument("--runner", choices=["inprocess", "kfp"], default="inprocess")
+    r.add_argument(
+        "--runner",
+        choices=["kfp", "inprocess"],
+        default="kfp",
+        help="kfp: the real pipelines through kfp.local, one task process per stage (default); "
+        "inprocess: the same stages in one process, models kept in memory",
+    )
+    r.add_argument(
+        "--bootstrap-from",
+        metavar="RUN_DIR",
+        help="start from another run folder's bootstrap (same model, task, warm start, eval and seed) instead of making one",
+    )
     r.set_defaults(fn=cmd_run)
 
     v = sub.add_parser("validate", help="check a config and print its hash")
     with_config(v)
     v.set_defaults(fn=cmd_validate)
+
+    c = sub.add_parser("compile", help="write a pipeline's KFP IR YAML (the config becomes config_json's default)")
+    with_config(c)
+    c.add_argument("--out", required=True, help="YAML file to write")
+    c.add_argument(
+        "--pipeline", choices=["iteration", "bootstrap"], default="iteration", help="which pipeline (default iteration)"
+    )
+    c.set_defaults(fn=cmd_compile)
+
+    s = sub.add_parser("submit", help="run on a KFP cluster: a bootstrap run, then one chained run per iteration")
+    s.add_argument("--host", required=True, help="KFP API endpoint, e.g. http://localhost:8080")
+    with_config(s)
+    s.add_argument("--iterations", type=int, help="override run.iterations")
+    s.add_argument("--experiment", default="ac2", help="KFP experiment (default ac2)")
+    s.add_argument("--pipeline-root", help="where runs write artifacts, e.g. s3://bucket/ac2 (required unless --dry-run)")
+    s.add_argument("--timeout", type=float, default=24 * 3600, help="seconds to wait for each run (default 86400)")
+    s.add_argument("--dry-run", action="store_true", help="compile and print the runs that would be submitted; send nothing")
+    s.set_defaults(fn=cmd_submit)
+
+    st = sub.add_parser("stage", help="re-run one stage on existing artifacts", description=STAGE_HELP)
+    st.add_argument(
+        "name",
+        metavar="NAME",
+        help="sample_prefixes, generate_chunks, score_chunks, check_readiness, update_actor, update_critic or evaluate",
+    )
+    with_config(st)
+    st.add_argument("--in", dest="inputs", action="append", metavar="KEY=URI", help="an input artifact")
+    st.add_argument("--out", dest="outputs", action="append", metavar="KEY=URI", help="where to write an output artifact")
+    st.add_argument("--iteration", type=int, default=1, help="the iteration the stage runs as (default 1)")
+    st.set_defaults(fn=cmd_stage)
+
+    rp = sub.add_parser("report", help="learning_curve.png and report.md of a run folder (either runner)")
+    rp.add_argument("run_dir", metavar="RUN_DIR")
+    rp.set_defaults(fn=cmd_report)
     return p
 
 
@@ -113,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"ac2: {e}", file=sys.stderr)
         return 2
+    except (ArtifactError, ValueError, PipelineFailed) as e:
+        print(f"ac2: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,27 @@
+"""bootstrap: the problem set, the initial actor and critic, and the empty iteration-0 tables."""
+
+from kfp import dsl
+from kfp.dsl import Artifact, Dataset, Input, Model, Output
+
+from components.image import IMAGE
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def bootstrap(
+    config: Input[Artifact],
+    problems: Output[Dataset],
+    actor: Output[Model],
+    critic: Output[Model],
+    replay: Output[Dataset],
+    scored_chunks: Output[Dataset],
+    readiness: Output[Dataset],
+    metrics: Output[Dataset],
+):
+    """Calls ``ac2_core.bootstrap.bootstrap``; ``replay`` .. ``metrics`` are ``EMPTY_STATE``."""
+    from ac2_core.bootstrap import bootstrap
+    from components.io import annotate, stage_context
+
+    with stage_context(config) as (cfg, clock):
+        state = {"replay": replay.path, "scored_chunks": scored_chunks.path, "readiness": readiness.path, "metrics": metrics.path}
+        stats = bootstrap(cfg, problems=problems.path, actor=actor.path, critic=critic.path, state=state)
+        annotate(stats, clock(), problems, actor, critic, replay, scored_chunks, readiness, metrics)

@@ -1,0 +1,32 @@
+"""check_readiness: per-problem readiness windows, and the gated advantages."""
+
+from kfp import dsl
+from kfp.dsl import Artifact, Dataset, Input, Output
+
+from components.image import IMAGE
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def check_readiness(
+    config: Input[Artifact],
+    iteration: int,
+    readiness: Input[Dataset],
+    critic_pairs: Input[Dataset],
+    scored_chunks: Input[Dataset],
+    out_readiness: Output[Dataset],
+    out_advantages: Output[Dataset],
+):
+    from ac2_core.stages import check_readiness
+    from components.io import annotate, stage_context
+
+    with stage_context(config) as (cfg, clock):
+        stats = check_readiness.run(
+            cfg,
+            iteration=iteration,
+            readiness=readiness.path,
+            critic_pairs=critic_pairs.path,
+            scored_chunks=scored_chunks.path,
+            out_readiness=out_readiness.path,
+            out_advantages=out_advantages.path,
+        )
+        annotate(stats, clock(), out_readiness, out_advantages)

@@ -1,0 +1,36 @@
+"""sample_prefixes: choose this iteration's problems and where each group starts."""
+
+from kfp import dsl
+from kfp.dsl import Artifact, Dataset, Input, Model, Output
+
+from components.image import IMAGE
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def sample_prefixes(
+    config: Input[Artifact],
+    iteration: int,
+    problems: Input[Dataset],
+    replay: Input[Dataset],
+    scored_chunks: Input[Dataset],
+    readiness: Input[Dataset],
+    actor: Input[Model],
+    out_replay: Output[Dataset],
+    out_prefixes: Output[Dataset],
+):
+    from ac2_core.stages import sample_prefixes
+    from components.io import annotate, stage_context
+
+    with stage_context(config) as (cfg, clock):
+        stats = sample_prefixes.run(
+            cfg,
+            iteration=iteration,
+            problems=problems.path,
+            replay=replay.path,
+            scored_chunks=scored_chunks.path,
+            readiness=readiness.path,
+            actor=actor.path,
+            out_replay=out_replay.path,
+            out_prefixes=out_prefixes.path,
+        )
+        annotate(stats, clock(), out_replay, out_prefixes)

@@ -1,0 +1,39 @@
+"""score_chunks: rewards, critic values, and the critic's out-of-sample (prediction, outcome) pairs."""
+
+from kfp import dsl
+from kfp.dsl import Artifact, Dataset, Input, Model, Output
+
+from components.image import IMAGE
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def score_chunks(
+    config: Input[Artifact],
+    iteration: int,
+    problems: Input[Dataset],
+    replay: Input[Dataset],
+    prefixes: Input[Dataset],
+    chunks: Input[Dataset],
+    actor: Input[Model],
+    critic: Input[Model],
+    out_scored_chunks: Output[Dataset],
+    out_critic_pairs: Output[Dataset],
+):
+    """``critic`` is read only when the config's algorithm uses one (ac2)."""
+    from ac2_core.stages import score_chunks
+    from components.io import annotate, stage_context
+
+    with stage_context(config) as (cfg, clock):
+        stats = score_chunks.run(
+            cfg,
+            iteration=iteration,
+            problems=problems.path,
+            replay=replay.path,
+            prefixes=prefixes.path,
+            chunks=chunks.path,
+            actor=actor.path,
+            critic=critic.path,
+            out_scored_chunks=out_scored_chunks.path,
+            out_critic_pairs=out_critic_pairs.path,
+        )
+        annotate(stats, clock(), out_scored_chunks, out_critic_pairs)

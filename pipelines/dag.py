@@ -1,0 +1,151 @@
+"""The two pipelines: ``ac2-bootstrap`` (run once) and ``ac2-iteration`` (run once per iteration).
+
+KFP has no loop over iterations, so the driver (``pipelines.driver``) submits one
+iteration run after another and passes the previous run's output URIs in as parameters;
+``dsl.importer`` turns them back into artifacts, so lineage connects the runs.
+
+One DAG serves both algorithms, branching on the ``algorithm`` that the ``config`` step
+reads from the validated config (so it cannot disagree with the config):
+
+    sample_prefixes -> generate_chunks -> score_chunks -> check_readiness -> update_actor
+                                                       \\-> [ac2]  update_critic -> evaluate(critic)
+                                                       \\-> [grpo] evaluate()
+
+``evaluate`` sits in both branches because it needs the *updated* critic under ac2, and
+KFP forbids consuming a branch's output outside it (``dsl.OneOf`` would join them, but
+kfp.local 2.17.3 cannot resolve a OneOf of artifacts). Inputs that a stage reads only
+under a config condition are wired unconditionally: ``score_chunks`` always gets the
+previous critic (for grpo, the bootstrap critic, which it does not read) and
+``update_actor`` always gets the bootstrap actor as ``reference`` (read only when
+``actor.kl_beta > 0``). This mirrors ``ac2_core.stages.inprocess.stage_calls``.
+
+No ``from __future__ import annotations`` here: KFP reads the real annotations.
+"""
+
+from kfp import dsl
+from kfp.dsl import Dataset, Model
+
+from components.bootstrap import bootstrap
+from components.check_readiness import check_readiness
+from components.config import config
+from components.evaluate import evaluate
+from components.generate_chunks import generate_chunks
+from components.sample_prefixes import sample_prefixes
+from components.score_chunks import score_chunks
+from components.update_actor import update_actor
+from components.update_critic import update_critic
+
+BOOTSTRAP_PIPELINE = "ac2-bootstrap"
+ITERATION_PIPELINE = "ac2-iteration"
+
+ARTIFACT_CLASS = {"actor": Model, "critic": Model, "reference": Model}
+
+
+def _stage(component, name: str, **inputs) -> dsl.PipelineTask:
+    # stochastic stages must never be served from a cache
+    return component(**inputs).set_display_name(name).set_caching_options(False)
+
+
+def _import(uri: str, name: str) -> dsl.PipelineTask:
+    cls = ARTIFACT_CLASS.get(name, Dataset)
+    return dsl.importer(artifact_uri=uri, artifact_class=cls, reimport=False).set_display_name(f"import {name}")
+
+
+@dsl.pipeline(name=BOOTSTRAP_PIPELINE, description="AC2 bootstrap: problems, initial actor and critic, empty iteration-0 tables")
+def bootstrap_pipeline(config_json: str) -> Model:
+    setup = config(config_json=config_json).set_display_name("config")
+    boot = _stage(bootstrap, "bootstrap", config=setup.outputs["config"])
+    return boot.outputs["actor"]
+
+
+@dsl.pipeline(name=ITERATION_PIPELINE, description="One AC2 (or GRPO) iteration over the previous iteration's artifacts")
+def iteration_pipeline(
+    config_json: str,
+    iteration: int,
+    problems_uri: str,
+    reference_uri: str,
+    actor_uri: str,
+    critic_uri: str,
+    replay_uri: str,
+    scored_chunks_uri: str,
+    readiness_uri: str,
+    metrics_uri: str,
+) -> Model:
+    setup = config(config_json=config_json).set_display_name("config")
+    cfg = setup.outputs["config"]
+    problems = _import(problems_uri, "problems").output
+    reference = _import(reference_uri, "reference").output
+    actor = _import(actor_uri, "actor").output
+    critic = _import(critic_uri, "critic").output
+    replay = _import(replay_uri, "replay").output
+    scored_before = _import(scored_chunks_uri, "scored_chunks").output
+    readiness = _import(readiness_uri, "readiness").output
+    metrics = _import(metrics_uri, "metrics").output
+    common = dict(config=cfg, iteration=iteration, problems=problems)
+
+    sampled = _stage(
+        sample_prefixes,
+        "sample_prefixes",
+        **common,
+        replay=replay,
+        scored_chunks=scored_before,
+        readiness=readiness,
+        actor=actor,
+    )
+    prefixes, replay_now = sampled.outputs["out_prefixes"], sampled.outputs["out_replay"]
+    generated = _stage(generate_chunks, "generate_chunks", **common, prefixes=prefixes, actor=actor)
+    chunks = generated.outputs["out_chunks"]
+    scored = _stage(
+        score_chunks,
+        "score_chunks",
+        **common,
+        replay=replay_now,
+        prefixes=prefixes,
+        chunks=chunks,
+        actor=actor,
+        critic=critic,
+    )
+    scored_chunks, critic_pairs = scored.outputs["out_scored_chunks"], scored.outputs["out_critic_pairs"]
+    ready = _stage(
+        check_readiness,
+        "check_readiness",
+        config=cfg,
+        iteration=iteration,
+        readiness=readiness,
+        critic_pairs=critic_pairs,
+        scored_chunks=scored_chunks,
+    )
+    updated = _stage(
+        update_actor,
+        "update_actor",
+        **common,
+        actor=actor,
+        prefixes=prefixes,
+        chunks=chunks,
+        advantages=ready.outputs["out_advantages"],
+        reference=reference,
+    )
+    evaluated = dict(
+        **common,
+        actor=updated.outputs["out_actor"],
+        prefixes=prefixes,
+        chunks=chunks,
+        scored_chunks=scored_chunks,
+        critic_pairs=critic_pairs,
+        readiness=ready.outputs["out_readiness"],
+        metrics=metrics,
+    )
+    with dsl.If(setup.outputs["algorithm"] == "ac2", name="ac2"):
+        fitted = _stage(
+            update_critic,
+            "update_critic",
+            **common,
+            replay=replay_now,
+            critic=critic,
+            critic_pairs=critic_pairs,
+            scored_chunks=scored_chunks,
+        )
+        _stage(evaluate, "evaluate", **evaluated, critic=fitted.outputs["out_critic"])
+    with dsl.Else(name="grpo"):
+        _stage(evaluate, "evaluate", **evaluated)
+    return updated.outputs["out_actor"]

@@ -1,0 +1,113 @@
+"""The ``kfp`` runner on this machine: the real pipelines through ``kfp.local``.
+
+    <out>/kfp/                     the kfp.local pipeline root: one folder per pipeline run
+    <out>/kfp/runs.json            which run produced what (the bootstrap, then each iteration)
+    <out>/kfp/logs/<run>.log       everything kfp.local and the tasks printed
+
+One bootstrap run, then one iteration run per iteration, each importing the previous
+run's outputs (``pipelines.driver``). A run folder that already holds finished
+iterations is resumed after the last one. kfp.local ignores s3:// roots and
+kfp-kubernetes settings, and deletes its workspace folder after each run (ac2 uses none).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+from ac2_core import storage
+from ac2_core.config import AC2Config
+from ac2_core.stages.inprocess import HEADER, format_row
+from pipelines import driver
+
+Log = Callable[[str], None]
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_ERROR_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception)):\s*(.+)$")
+
+
+def _init(pipeline_root: Path) -> None:
+    from kfp import local
+
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root), raise_on_error=True)
+
+
+def _last_error(log_file: Path) -> str:
+    """The last ``SomeError: message`` line a task printed (its exception), for a one-line report."""
+    text = _ANSI.sub("", log_file.read_text(errors="replace"))
+    lines = [f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(3)}" for m in map(_ERROR_LINE.match, text.splitlines()) if m]
+    return lines[-1] if lines else "see the log"
+
+
+def run_pipeline(pipeline, arguments: dict, pipeline_root: Path, label: str) -> dict[str, str]:
+    """Run one pipeline through kfp.local (output to ``logs/<label>.log``); returns its outputs."""
+    log_file = pipeline_root / "logs" / f"{label}.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "w") as sink, contextlib.redirect_stdout(sink), warnings.catch_warnings():
+        # the image and display names are for clusters; locally every task runs in this environment
+        warnings.filterwarnings("ignore", message=".*non-Python base image.*")
+        warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
+        try:
+            task = pipeline(**arguments)
+        except RuntimeError as e:
+            if "finished with status FAILURE" not in _ANSI.sub("", str(e)):
+                raise
+            failed = True
+        else:
+            failed = False
+    if failed:
+        raise driver.PipelineFailed(f"{label}: {_last_error(log_file)} (full log: {log_file})")
+    run_root = Path(task.output.uri).parents[1]  # <pipeline_root>/<pipeline>-<timestamp>/<task>/<output>
+    return driver.find_outputs(str(run_root))
+
+
+def _prune(cfg: AC2Config, state: driver.RunState, it: int) -> None:
+    """Drop checkpoints older than the newest ``run.keep_models`` iterations (tables are kept)."""
+    old = state.iterations.get(it - cfg.run.keep_models, {})
+    for name in ("actor", "critic"):
+        if name in old:
+            storage.remove(old[name])
+
+
+def run(cfg: AC2Config, out_dir: str, *, log: Log = print, bootstrap_from: str | None = None) -> list[dict]:
+    """Bootstrap (once, or adopt ``bootstrap_from``'s), then iteration runs up to
+    ``cfg.run.iterations``; returns the metrics rows."""
+    with storage.using(cfg.storage):
+        return _run(cfg, out_dir, log, bootstrap_from)
+
+
+def _run(cfg: AC2Config, out_dir: str, log: Log, bootstrap_from: str | None) -> list[dict]:
+    from pipelines.dag import bootstrap_pipeline, iteration_pipeline
+
+    root = Path(out_dir).resolve() / "kfp"
+    state = driver.RunState.load(root / "runs.json", cfg)
+    _init(root)
+    t_start = time.perf_counter()
+    if state.bootstrap is None and bootstrap_from:
+        state.bootstrap = driver.adopted_bootstrap(cfg, bootstrap_from)
+        state.save()
+        log(f"bootstrap adopted from {bootstrap_from}")
+    if state.bootstrap is None:
+        t0 = time.perf_counter()
+        state.bootstrap = run_pipeline(bootstrap_pipeline, {"config_json": cfg.to_json()}, root, "bootstrap")
+        state.save()
+        log(f"bootstrap: {time.perf_counter() - t0:.1f}s")
+    done = state.done
+    if done:
+        log(f"resuming {out_dir} after iteration {done}")
+    log(f"{cfg.algorithm} training (kfp.local): iterations {done + 1}..{cfg.run.iterations}")
+    log(HEADER)
+    for it in range(done + 1, cfg.run.iterations + 1):
+        t0 = time.perf_counter()
+        arguments = driver.iteration_arguments(cfg, state.bootstrap, state.iterations.get(it - 1), it)
+        state.iterations[it] = run_pipeline(iteration_pipeline, arguments, root, f"iter-{it:04d}")
+        state.save()
+        metrics = storage.read_rows(state.iterations[it]["metrics"], kind="metrics")[-1]
+        log(f"{format_row(metrics)}   {time.perf_counter() - t0:5.1f}s")
+        _prune(cfg, state, it)
+    rows = storage.read_rows(state.metrics_uri(), kind="metrics")
+    log(f"done in {time.perf_counter() - t_start:.0f}s: {out_dir}")
+    return rows
