@@ -134,6 +134,7 @@ class AdvantageConfig(_Section):
 
 class ActorConfig(_Section):
     lr: float = Field(1e-4, gt=0, description="AdamW learning rate of the policy")
+    lr_warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear lr warm-up at the start of RL")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     clip_low: float = Field(0.2, gt=0, lt=1, description="PPO ratio clip below 1")
     clip_high: float = Field(0.28, gt=0, description="PPO ratio clip above 1")
@@ -145,6 +146,7 @@ class ActorConfig(_Section):
 
 class CriticConfig(_Section):
     lr: float = Field(3e-4, gt=0, description="AdamW learning rate of the critic")
+    lr_warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear lr warm-up")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
     steps_per_iteration: int = Field(2, ge=1, description="optimizer steps per iteration on this iteration's pairs")

@@ -357,6 +357,14 @@ def exists(uri: str) -> bool:
         return False
 
 
+def find_artifacts(root: str) -> list[str]:
+    """URIs of every published artifact (a folder with a manifest) under ``root``, sorted."""
+    t = _target(root)
+    manifests = _call(t, "listing", "glob", f"{t.path.rstrip('/')}/**/{MANIFEST}")
+    folders = sorted(m[: -len(MANIFEST) - 1] for m in manifests)
+    return folders if t.local else [t.fs.unstrip_protocol(f) for f in folders]
+
+
 def remove(uri: str) -> None:
     """Delete the artifact at ``uri``, manifest first, so that no reader trusts what is left meanwhile."""
     t = _target(uri, write=True)

@@ -18,13 +18,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import fsspec
-from fsspec.implementations.local import LocalFileSystem
-
 from ac2_core import storage
 from ac2_core.config import AC2Config
 
-MANIFEST = storage.MANIFEST
 # What an iteration imports from the one before it (or from the bootstrap) as the pipeline
 # parameter ``<name>_uri``; ``problems_uri`` and ``reference_uri`` always name the bootstrap's.
 CHAINED = ("actor", "critic", "replay", "scored_chunks", "readiness", "metrics")
@@ -34,27 +30,16 @@ class PipelineFailed(RuntimeError):
     """A pipeline run that did not finish, or whose outputs cannot be found; one line for people."""
 
 
-def _listing_fs(uri: str):
-    # TODO(ac2_core): a public ``storage.find_artifacts(root)`` would replace this; the
-    # private target carries the configured S3 endpoint and retries (``cfg.storage``).
-    if "://" in uri and not uri.startswith("file://"):
-        target = storage._target(uri)
-        return target.fs, target.path
-    return fsspec.core.url_to_fs(uri)
-
-
 def find_outputs(run_root: str) -> dict[str, str]:
     """URI of every published ac2 artifact under a finished run's root, by output name."""
-    fs, root = _listing_fs(run_root)
     found: dict[str, str] = {}
-    for manifest in sorted(fs.glob(f"{root.rstrip('/')}/**/{MANIFEST}")):
-        path = manifest[: -len(MANIFEST) - 1]
+    for path in storage.find_artifacts(run_root):
         name = path.rstrip("/").rsplit("/", 1)[-1].removeprefix("out_")
         if name.startswith("."):  # a stage's staging or replaced copy, never an output
             continue
         if name in found:
             raise PipelineFailed(f"{run_root}: two outputs named {name} ({found[name]} and {path})")
-        found[name] = path if isinstance(fs, LocalFileSystem) else fs.unstrip_protocol(path)
+        found[name] = path
     if not found:
         raise PipelineFailed(f"{run_root}: no published artifacts under this run root")
     return found

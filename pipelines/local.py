@@ -100,6 +100,8 @@ def _run(cfg: AC2Config, out_dir: str, log: Log, bootstrap_from: str | None) -> 
         log(f"resuming {out_dir} after iteration {done}")
     log(f"{cfg.algorithm} training (kfp.local): iterations {done + 1}..{cfg.run.iterations}")
     log(HEADER)
+    if done == 0:
+        log(format_row(storage.read_rows(state.bootstrap["metrics"], kind="metrics")[0]) + "   (initial policy)")
     for it in range(done + 1, cfg.run.iterations + 1):
         t0 = time.perf_counter()
         arguments = driver.iteration_arguments(cfg, state.bootstrap, state.iterations.get(it - 1), it)

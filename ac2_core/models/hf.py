@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
 from ac2_core.storage import PICKLE_SUFFIXES  # one list of refused formats
 
@@ -23,6 +24,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # the tiny model. HF does not save this choice in config.json, so loaders pass it
 # again. Long-context GPU runs may prefer "sdpa" (eager materialises T x T scores).
 ATTN_IMPLEMENTATION = "eager"
+
+hf_logging.disable_progress_bar()  # per-file progress bars of tiny checkpoints drown the training log
 
 
 class ModelFormatError(ValueError):

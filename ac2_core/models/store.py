@@ -17,9 +17,8 @@ from ac2_core import storage
 from ac2_core.config import AC2Config
 from ac2_core.models.critic import Critic
 from ac2_core.models.hf import load_model, load_tokenizer, save_model
+from ac2_core.models.state import STATE
 from ac2_core.training.torch_backend import Trainer
-
-STATE = "ac2_state.json"
 
 
 @dataclass
@@ -33,18 +32,6 @@ class Checkpoint:
     source: Path | None = None  # local folder it was loaded from; holds its optimizer state
     trainer: Trainer | None = None
     trained_tokens: int = 0  # tokens forwarded and backpropagated by the update that wrote it
-
-
-def read_state(uri: str, *, kind: str) -> dict:
-    """A published checkpoint's ``ac2_state.json`` (version, trained tokens), without its weights."""
-    manifest = storage.read_manifest(uri)
-    if manifest.kind != kind:
-        raise storage.ArtifactError(f"{uri}: expected a {kind} checkpoint, found a {manifest.kind} artifact")
-    return json.loads(storage.read_file(uri, STATE))
-
-
-def read_version(uri: str, *, kind: str) -> int:
-    return int(read_state(uri, kind=kind)["version"])
 
 
 class ModelStore:
@@ -92,7 +79,11 @@ class ModelStore:
         if ckpt.trainer is None:
             section = self.cfg.actor if ckpt.kind == "actor" else self.cfg.critic
             ckpt.trainer = Trainer(
-                ckpt.model, lr=section.lr, weight_decay=section.weight_decay, max_grad_norm=section.max_grad_norm
+                ckpt.model,
+                lr=section.lr,
+                weight_decay=section.weight_decay,
+                max_grad_norm=section.max_grad_norm,
+                warmup_steps=section.lr_warmup_steps,
             )
             if ckpt.source is not None:
                 ckpt.trainer.load(ckpt.source)

@@ -19,7 +19,8 @@ from ac2_core.math import (
     prefill_flops,
     train_flops,
 )
-from ac2_core.models.store import ModelStore, read_state
+from ac2_core.models.state import read_state
+from ac2_core.models.store import ModelStore
 from ac2_core.stages.common import Problems, prompt_ids, read, seed_for, write
 from ac2_core.tasks import grade
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ac2_core.config import AC2Config
-from ac2_core.models.store import read_version
+from ac2_core.models.state import read_version
 from ac2_core.replay import choose_reference, merge_replay, pick_problems, plan_prefixes
 from ac2_core.stages.common import Problems, read, rng_for, write
 

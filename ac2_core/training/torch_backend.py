@@ -17,8 +17,12 @@ from ac2_core.training.optim_state import load_optimizer, save_optimizer
 
 
 class Trainer:
-    def __init__(self, model: torch.nn.Module, *, lr: float, weight_decay: float, max_grad_norm: float):
+    def __init__(
+        self, model: torch.nn.Module, *, lr: float, weight_decay: float, max_grad_norm: float, warmup_steps: int = 0
+    ):
         self.model = model
+        self.lr = lr
+        self.warmup_steps = warmup_steps
         self.max_grad_norm = max_grad_norm
         params = [p for p in model.parameters() if p.requires_grad]
         # foreach=False: one fixed kernel order, so reruns are bit-identical on CPU.
@@ -35,9 +39,25 @@ class Trainer:
             for k, v in {"loss": float(loss.detach()), **stats}.items():
                 totals[k] = totals.get(k, 0.0) + v
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.current_lr()
         self.optimizer.step()
         self.model.eval()
         return totals | {"grad_norm": float(grad_norm)}
+
+    @property
+    def steps_taken(self) -> int:
+        """Optimizer steps so far, read from AdamW's own state (so it survives a checkpoint)."""
+        for state in self.optimizer.state.values():
+            return int(state["step"])
+        return 0
+
+    def current_lr(self) -> float:
+        """Linear warm-up over ``warmup_steps``: Adam's first, bias-corrected steps move every
+        weight by about ``lr`` whatever its gradient, which shakes a warm-started policy."""
+        if self.warmup_steps <= 0:
+            return self.lr
+        return self.lr * min(1.0, (self.steps_taken + 1) / self.warmup_steps)
 
     def save(self, folder: Path) -> None:
         save_optimizer(self.optimizer, self.model, folder)

@@ -129,3 +129,24 @@ def test_state_of_an_unknown_parameter_is_refused(tokenizer, tmp_path):
     fresh = Trainer(build_tiny_model(tokenizer, SMALL, seed=0), **HYPER)
     with pytest.raises(ValueError, match="unknown parameter model.gone.weight"):
         fresh.load(tmp_path)
+
+
+def test_lr_warmup_is_linear_and_survives_a_checkpoint(tokenizer, tmp_path):
+    model = build_tiny_model(tokenizer, SMALL, seed=0)
+    trainer = Trainer(model, **{**HYPER, "lr": 4e-3}, warmup_steps=4)
+    seen = []
+    for step in range(2):
+        trainer.step(_batches(tokenizer, step), _lm_loss)
+        seen.append(trainer.optimizer.param_groups[0]["lr"])
+    # step k (1-based) uses lr * k / 4: 1e-3, then 2e-3
+    assert seen == pytest.approx([1e-3, 2e-3], rel=1e-12)
+    save_model(model, tokenizer, tmp_path)
+    trainer.save(tmp_path)
+    resumed, _ = load_model(tmp_path)
+    again = Trainer(resumed, **{**HYPER, "lr": 4e-3}, warmup_steps=4)
+    assert again.load(tmp_path) and again.steps_taken == 2
+    for step in range(2, 5):
+        again.step(_batches(tokenizer, step), _lm_loss)
+        seen.append(again.optimizer.param_groups[0]["lr"])
+    # steps 3, 4 and 5: 3e-3, then the full 4e-3 from step 4 on
+    assert seen[2:] == pytest.approx([3e-3, 4e-3, 4e-3], rel=1e-12)
