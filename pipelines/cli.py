@@ -55,6 +55,9 @@ def summary_table(rows: list[dict]) -> str:
 def cmd_run(args) -> int:
     cfg = _config(args)
     out = args.out or f"runs/{cfg.run_id}"
+    remote = "://" in out and not out.startswith("file://")
+    if remote and args.runner == "kfp":
+        raise ValueError(f"--out {out}: kfp.local keeps its pipeline root on local disk; use --runner inprocess for object storage")
     _log(f"config {args.config} ok (hash {cfg.config_hash()[:12]}), algorithm {cfg.algorithm}, runner {args.runner}, out {out}")
     match args.runner:
         case "inprocess":
@@ -67,7 +70,8 @@ def cmd_run(args) -> int:
             rows = local.run(cfg, out, log=_log, bootstrap_from=args.bootstrap_from)
     table = summary_table(rows)
     print("\n" + table, flush=True)
-    Path(out, "summary.md").write_text(table + "\n")
+    if not remote:
+        Path(out, "summary.md").write_text(table + "\n")
     return 0
 
 

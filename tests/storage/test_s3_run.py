@@ -10,10 +10,12 @@ from __future__ import annotations
 import tempfile
 
 import pytest
+import yaml
 
 from ac2_core import storage
 from ac2_core.stages import inprocess
 from ac2_core.stages.layout import OUTPUTS, RunLayout
+from pipelines.cli import main
 from tests.conftest import tiny_config
 
 
@@ -60,6 +62,17 @@ def test_two_iterations_with_every_artifact_on_s3_and_a_stage_rerun_gives_the_sa
             for name, uri in again.items():
                 assert storage.content_hash(uri) == storage.content_hash(layout.output(2, name)), (stage, name)
 
+    # The same through the command line: ac2 stage reads and writes s3:// URIs itself.
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    _, _, kwargs = next(c for c in inprocess.stage_calls(cfg, layout, 2) if c[0] == "generate_chunks")
+    cli_out = s3.uri("cli", "chunks")
+    args = ["stage", "generate_chunks", "--config", str(config), "--iteration", "2", "--out", f"chunks={cli_out}"]
+    args += [a for k, v in kwargs.items() if not k.startswith("out_") for a in ("--in", f"{k}={v}")]
+    assert main(args) == 0
+    assert storage.content_hash(cli_out) == storage.content_hash(layout.output(2, "chunks"))
+
+    with storage.using(cfg.storage):
         # The runner's pruning removes a checkpoint from S3 entirely.
         inprocess._prune(tiny_config(run__keep_models=1), layout, 2)
     for name in ("actor", "critic"):
