@@ -338,8 +338,8 @@ class AC2Config(_Section):
 
     def config_hash(self) -> str:
         """sha256 of the canonical JSON form: identical configs hash identically."""
-        # storage says where artifacts live, not what they hold: it does not change the hash
-        canonical = json.dumps(self.model_dump(mode="json", exclude={"storage"}), sort_keys=True, separators=(",", ":"))
+        # storage and cluster say where artifacts live and where stages run, not what they compute: not hashed
+        canonical = json.dumps(self.model_dump(mode="json", exclude={"storage", "cluster"}), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     def bootstrap_hash(self) -> str:

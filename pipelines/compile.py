@@ -4,21 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ac2_core.config import AC2Config
+from ac2_core.config import AC2Config, ClusterConfig
 
 PIPELINES = ("iteration", "bootstrap")
 
 
-def pipeline_func(which: str):
-    from pipelines.dag import bootstrap_pipeline, iteration_pipeline
+def pipeline_func(which: str, cluster: ClusterConfig | None = None):
+    """The ``which`` pipeline, with ``cluster``'s Kubernetes settings on its tasks (default: none)."""
+    from pipelines.dag import build_pipelines
 
-    match which:
-        case "iteration":
-            return iteration_pipeline
-        case "bootstrap":
-            return bootstrap_pipeline
-        case _:
-            raise ValueError(f"pipeline must be one of {', '.join(PIPELINES)}; found {which!r}")
+    if which not in PIPELINES:
+        raise ValueError(f"pipeline must be one of {', '.join(PIPELINES)}; found {which!r}")
+    return build_pipelines(cluster or ClusterConfig())[which]
 
 
 def compile_pipeline(cfg: AC2Config, out: str | Path, which: str = "iteration") -> Path:
@@ -27,5 +24,5 @@ def compile_pipeline(cfg: AC2Config, out: str | Path, which: str = "iteration") 
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(pipeline_func(which), str(out), pipeline_parameters={"config_json": cfg.to_json()})
+    compiler.Compiler().compile(pipeline_func(which, cfg.cluster), str(out), pipeline_parameters={"config_json": cfg.to_json()})
     return out
