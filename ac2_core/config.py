@@ -58,6 +58,51 @@ class ModelConfig(_Section):
         return self
 
 
+class TaskColumnsConfig(_Section):
+    """Which column of the problem file holds each field; unset: the default of ``task.shape``."""
+
+    problem_id: str | None = Field(None, description="stable problem id; unset: derived from the problem text")
+    problem: str | None = Field(None, description="problem statement")
+    answer: str | None = Field(None, description="final answer (shape final_answer)")
+    solution: str | None = Field(None, description="reference solution or proof")
+    rubrics: str | None = Field(None, description="grading checkpoints, a string or a list of strings (shape fineproofs)")
+    guidelines: str | None = Field(None, description="grading guidelines text (shape proofbench)")
+    source: str | None = Field(None, description="where the problem comes from (kept as metadata)")
+    reward_mean: str | None = Field(None, description="mean reward of earlier samples, for the difficulty filter")
+
+
+class JudgeConfig(_Section):
+    """An OpenAI-compatible chat endpoint that grades proofs against a rubric (``tasks.judge``).
+
+    The API key is never part of the config: ``api_key_env`` names the environment
+    variable that holds it (e.g. from a Kubernetes secret).
+    """
+
+    base_url: str = Field("http://127.0.0.1:8000/v1", description="endpoint root; /chat/completions is appended")
+    model: str = Field("judge", description="model name sent with each request")
+    api_key_env: str | None = Field(None, description="name of the environment variable holding the API key; unset: no key")
+    temperature: float = Field(0.0, ge=0, le=2, description="judge sampling temperature")
+    max_tokens: int = Field(2048, ge=16, description="longest judge reply")
+    timeout_seconds: float = Field(120.0, gt=0, le=3600, description="per-request socket timeout (connect, and each read)")
+    max_attempts: int = Field(3, ge=1, le=20, description="tries of one judgement on timeouts, connection errors, 429 and 5xx")
+    backoff_seconds: float = Field(1.0, ge=0, le=60, description="wait before the first retry; doubled for each further one")
+    max_concurrency: int = Field(8, ge=1, le=256, description="judge requests in flight at once")
+
+    @field_validator("base_url")
+    @classmethod
+    def _plain_http_url(cls, v: str) -> str:
+        if not re.fullmatch(r"https?://[^/@\s]+(/\S*)?", v):
+            raise ValueError(f"expected an http(s) URL without credentials, e.g. http://127.0.0.1:8000/v1, found {v!r}")
+        return v.rstrip("/")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+            raise ValueError(f"expected the NAME of an environment variable (e.g. JUDGE_API_KEY), found {v!r}")
+        return v
+
+
 class TaskConfig(_Section):
     name: Literal["arith", "fineproofs"] = Field("arith", description="arith: built in; fineproofs: a FineProofs-RL file")
     data: str | None = Field(None, description="local path or URI of the problem file (tasks that load data)")
@@ -66,11 +111,29 @@ class TaskConfig(_Section):
     train_size: int = Field(4096, ge=1, description="training problems generated")
     val_size: int = Field(128, ge=1, description="held-out validation problems")
     seed: int = Field(1234, description="seed of the problem generator, independent of the run seed")
+    format: Literal["auto", "parquet", "jsonl", "hf_dataset"] = Field(
+        "auto", description="file format of data; auto: from the suffix, or a datasets.save_to_disk directory"
+    )
+    shape: Literal["fineproofs", "proofbench", "final_answer"] = Field(
+        "fineproofs", description="layout of data: FineProofs-RL, IMO-ProofBench style, or problems with a final answer"
+    )
+    columns: TaskColumnsConfig = TaskColumnsConfig()
+    val_fraction: float = Field(0.05, ge=0, lt=1, description="share of loaded problems held out (by a seeded hash of the text)")
+    min_reward_mean: float | None = Field(None, ge=0, le=1, description="drop loaded problems whose reward_mean is below this")
+    max_reward_mean: float | None = Field(None, ge=0, le=1, description="drop loaded problems whose reward_mean is above this")
+    judge: JudgeConfig = JudgeConfig()
 
     @model_validator(mode="after")
     def _data_for_loaded_tasks(self) -> TaskConfig:
         if self.name != "arith" and not self.data:
             raise ValueError(f"data is required for task {self.name}")
+        return self
+
+    @model_validator(mode="after")
+    def _reward_bounds_ordered(self) -> TaskConfig:
+        lo, hi = self.min_reward_mean, self.max_reward_mean
+        if lo is not None and hi is not None and lo > hi:
+            raise ValueError(f"min_reward_mean ({lo}) must not exceed max_reward_mean ({hi})")
         return self
 
 
