@@ -257,6 +257,7 @@ class StorageConfig(_Section):
     connect_timeout: float = Field(5.0, gt=0, le=120, description="seconds to open a connection to the endpoint")
     read_timeout: float = Field(10.0, gt=0, le=600, description="seconds without response bytes before a try counts as stalled")
     io_threads: int = Field(8, ge=1, le=64, description="files of a model directory up- or downloaded at once")
+    model_cache_entries: int = Field(4, ge=1, description="downloaded checkpoints kept in the local cache (newest used)")
 
     @model_validator(mode="after")
     def _endpoint_is_a_plain_url(self) -> StorageConfig:

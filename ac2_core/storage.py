@@ -631,6 +631,7 @@ def local_model_dir(uri: str, *, kind: str, cache_dir: str | None = None) -> Pat
     _refuse_pickle(_objects(t), uri)  # also a pickle put beside the published files
     root = Path(cache_dir or tempfile.gettempdir()) / "ac2-models" / manifest.content_hash
     if (root / MANIFEST).exists() and (root / MANIFEST).read_text() == manifest.to_json():
+        os.utime(root)  # most recently used: the last to be evicted
         return root
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".download-", dir=root.parent))
@@ -647,4 +648,20 @@ def local_model_dir(uri: str, *, kind: str, cache_dir: str | None = None) -> Pat
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    _evict(root.parent, keep=t.section.model_cache_entries, current=root)
     return root
+
+
+def _evict(cache: Path, *, keep: int, current: Path) -> None:
+    """Keep the ``keep`` most recently used checkpoints of the download cache.
+
+    Each iteration publishes new checkpoints, so without a bound the cache of a long
+    run grows by two models an iteration (56 GB each for a 4B model with its optimizer).
+    """
+    entries = sorted(
+        (p for p in cache.iterdir() if p.is_dir() and not p.name.startswith(".") and p != current),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    for old in entries[keep - 1 :]:
+        shutil.rmtree(old, ignore_errors=True)

@@ -118,6 +118,24 @@ def test_model_directory_round_trips_through_the_parallel_download(s3, tmp_path)
         storage.local_model_dir(uri, kind="critic", cache_dir=str(tmp_path))
 
 
+def test_download_cache_keeps_only_the_most_recently_used_checkpoints(s3, tmp_path):
+    # One checkpoint per "iteration", each a different model: a long run must not fill the disk.
+    uris = [s3.uri(f"iter-{i}", "actor") for i in range(4)]
+    for i, uri in enumerate(uris):
+        _publish_model(uri, {"model.safetensors": 64}, seed=i)
+    cache = tmp_path / "ac2-models"
+    with storage.using(s3.section.model_copy(update={"model_cache_entries": 2})):
+        first = storage.local_model_dir(uris[0], kind="actor", cache_dir=str(tmp_path))
+        storage.local_model_dir(uris[1], kind="actor", cache_dir=str(tmp_path))
+        assert storage.local_model_dir(uris[0], kind="actor", cache_dir=str(tmp_path)) == first  # used again: newest
+        newest = storage.local_model_dir(uris[2], kind="actor", cache_dir=str(tmp_path))
+        # uris[1] was the least recently used of three; the bound is 2
+        assert sorted(p.name for p in cache.iterdir()) == sorted([first.name, newest.name])
+        last = storage.local_model_dir(uris[3], kind="actor", cache_dir=str(tmp_path))
+        assert sorted(p.name for p in cache.iterdir()) == sorted([newest.name, last.name])
+    assert (last / "model.safetensors").exists()
+
+
 def test_remove_deletes_every_object_of_an_artifact(s3):
     _publish_model(s3.uri("a"), {"model.safetensors": 16})
     _publish_model(s3.uri("ab"), {"model.safetensors": 16})  # a prefix of the name is another artifact
