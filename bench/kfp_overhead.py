@@ -121,7 +121,7 @@ def main() -> None:
         Path(layout.bootstrap(name)).parent.mkdir(parents=True, exist_ok=True)
         subprocess.run(["cp", "-r", uri, layout.bootstrap(name)], check=True)
     t0 = time.perf_counter()
-    inproc = inprocess.run_iteration(cfg, layout, 1, ModelStore(cfg, keep_in_memory=True), log=lambda _: None)["seconds"]
+    inproc = inprocess.run_iteration(cfg, layout, 1, ModelStore(cfg, keep_in_memory=True))["seconds"]
     inprocess_iteration = time.perf_counter() - t0
 
     python_start = min(_timed([sys.executable, "-c", "pass"]) for _ in range(3))

@@ -107,6 +107,3 @@ class ModelStore:
             ckpt.source = None  # its optimizer state now lives in ckpt.trainer
             self._memory[uri] = ckpt
         return storage.content_hash(uri)
-
-    def forget(self, uri: str) -> None:
-        self._memory.pop(uri, None)

@@ -8,6 +8,7 @@ A run folder that already holds finished iterations is resumed after the last on
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable
 
@@ -163,15 +164,18 @@ def _copy_artifact(src: str, dst: str) -> None:
             (folder / name).write_bytes(storage.read_file(src, name))
 
 
-_TAKES_STORE = {"generate_chunks", "score_chunks", "update_actor", "update_critic", "evaluate"}
+def call_stage(cfg: AC2Config, fn: Callable, it: int, kwargs: dict, store: ModelStore | None = None) -> dict:
+    """Call one stage of ``stage_calls``; stages that load models get ``store``."""
+    extra = {"store": store} if store is not None and "store" in inspect.signature(fn).parameters else {}
+    return fn(cfg, iteration=it, **kwargs, **extra)
 
 
-def run_iteration(cfg: AC2Config, layout: RunLayout, it: int, store: ModelStore, log: Log) -> dict:
+def run_iteration(cfg: AC2Config, layout: RunLayout, it: int, store: ModelStore) -> dict:
+    """Every stage of iteration ``it``: their metrics by stage name, and ``seconds`` per stage."""
     results, times = {}, {}
     for name, fn, kwargs in stage_calls(cfg, layout, it):
         t0 = time.perf_counter()
-        extra = {"store": store} if name in _TAKES_STORE else {}
-        results[name] = fn(cfg, iteration=it, **kwargs, **extra)
+        results[name] = call_stage(cfg, fn, it, kwargs, store)
         times[name] = time.perf_counter() - t0
     results["seconds"] = times
     return results
@@ -230,13 +234,12 @@ def _run(cfg: AC2Config, out_dir: str, log: Log, bootstrap_from: str | None) -> 
         log(format_row(storage.read_rows(layout.bootstrap("metrics"), kind="metrics")[0]) + "   (initial policy)")
     for it in range(done + 1, cfg.run.iterations + 1):
         t0 = time.perf_counter()
-        res = run_iteration(cfg, layout, it, store, log)
+        # update_actor and update_critic take last iteration's models out of the store, so
+        # it holds only this iteration's checkpoints (and the reference policy, if any).
+        run_iteration(cfg, layout, it, store)
         metrics = storage.read_rows(layout.output(it, "metrics"), kind="metrics")[-1]
         log(f"{format_row(metrics)}   {time.perf_counter() - t0:5.1f}s")
-        store.forget(layout.output(it - 1, "actor"))
-        store.forget(layout.output(it - 1, "critic"))
         _prune(cfg, layout, it)
-        del res
     rows = storage.read_rows(layout.output(cfg.run.iterations, "metrics"), kind="metrics")
     log(f"done in {time.perf_counter() - t_start:.0f}s: {out_dir}")
     return rows

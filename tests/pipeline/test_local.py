@@ -117,7 +117,7 @@ def test_kfp_and_inprocess_runners_write_identical_artifacts(kfp_run, kfp_state,
     cfg, _, _, _ = kfp_run
     layout = RunLayout(str(tmp_path / "inprocess"))
     inprocess.run_bootstrap(cfg, layout, log=lambda _: None)
-    inprocess.run_iteration(cfg, layout, 1, ModelStore(cfg, keep_in_memory=True), log=lambda _: None)
+    inprocess.run_iteration(cfg, layout, 1, ModelStore(cfg, keep_in_memory=True))
     for name, uri in kfp_state.bootstrap.items():
         assert storage.content_hash(uri) == storage.content_hash(layout.bootstrap(name)), f"bootstrap {name}"
     for name, uri in kfp_state.iterations[1].items():

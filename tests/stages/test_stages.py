@@ -25,13 +25,12 @@ def run_stages(cfg, layout, it, *, store=None, out_root=None):
     for name, fn, kwargs in inprocess.stage_calls(cfg, layout, it):
         if out_root is not None:
             kwargs = {k: (str(out_root / name / k) if k.startswith("out_") else v) for k, v in kwargs.items()}
-        extra = {"store": store} if "store" in fn.__code__.co_varnames else {}
-        results[name] = fn(cfg, iteration=it, **kwargs, **extra)
+        results[name] = inprocess.call_stage(cfg, fn, it, kwargs, store)
     return results
 
 
 def rows(layout, it, name):
-    return storage.read_rows(layout.output(it, name), kind=name if name in TABLES else None)
+    return storage.read_rows(layout.output(it, name), kind=name)
 
 
 def test_each_stage_reads_what_the_previous_wrote(run_dir, tiny_cfg):
