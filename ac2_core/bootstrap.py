@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 from ac2_core import storage
-from ac2_core.config import AC2Config
+from ac2_core.config import AC2Config, TaskConfig
 from ac2_core.generation import generate
 from ac2_core.models.critic import Critic
 from ac2_core.models.hf import load_model
@@ -24,12 +24,13 @@ from ac2_core.models.tiny import build_tiny_model
 from ac2_core.models.tokenizer import build_tokenizer
 from ac2_core.stages.common import Problems, prompt_ids, seed_for
 from ac2_core.stages.evaluate import validation_score
-from ac2_core.tasks import grade, problems_for
+from ac2_core.tasks import grade_many, problems_for
 
 STAGE = "bootstrap"
 
 
-def sampled_score(model, tok, rows: list[dict], *, max_tokens: int, temperature: float, seed: int) -> float:
+def sampled_score(model, tok, rows: list[dict], *, task: TaskConfig, max_tokens: int, temperature: float, seed: int) -> float:
+    """Mean reward of one sampled answer per row; answers the grader could not score are left out."""
     samples = generate(
         model,
         [prompt_ids(tok, r["prompt"]) for r in rows],
@@ -40,9 +41,14 @@ def sampled_score(model, tok, rows: list[dict], *, max_tokens: int, temperature:
         seed=seed,
         temperature=temperature,
     )
-    return sum(
-        grade(r["task"], r["answer"], tok.decode(g[0].token_ids, skip_special_tokens=True)) for r, g in zip(rows, samples)
-    ) / len(rows)
+    grades = grade_many(
+        task,
+        rows,
+        [tok.decode(g[0].token_ids, skip_special_tokens=True) for g in samples],
+        [f"warm-start answer to {r['problem_id']}" for r in rows],
+    )
+    rewards = [g.reward for g in grades if g.reward is not None]
+    return sum(rewards) / len(rewards) if rewards else 0.0  # nothing graded: the target is not shown to be reached
 
 
 def _initial_actor(cfg: AC2Config, rows: list[dict], log: Callable[[str], None]):
@@ -71,6 +77,7 @@ def _sft(cfg, model, tok, train, held_out, log):
         m,
         tok,
         held_out,
+        task=cfg.task,
         max_tokens=cfg.rollout.max_response_tokens,
         temperature=cfg.rollout.temperature,
         seed=seed_for(cfg, 0, STAGE),
@@ -96,15 +103,18 @@ EMPTY_STATE = ("replay", "scored_chunks", "readiness", "metrics")
 
 def initial_metrics(cfg: AC2Config, model, tok, problems: Problems) -> dict:
     """Iteration 0 of the metrics table: the initial policy's validation score, no compute yet."""
+    val_score, ungraded_val = validation_score(cfg, model, tok, problems)
     row = {
         "run_id": cfg.run_id,
         "iteration": 0,
         "policy_version": 0,
-        "val_score": validation_score(cfg, model, tok, problems),
+        "val_score": val_score,
         "readiness_share": 0.0,
         "chunk_groups": 0,
         "full_groups": 0,
         "mean_train_reward": None,
+        "ungraded_chunks": 0,
+        "ungraded_val": ungraded_val,
         "critic_error": None,
     }
     for key in ("decode_tokens", "decode_flops", "prefill_flops", "critic_flops", "train_flops"):

@@ -78,8 +78,8 @@ class JudgeConfig(_Section):
     variable that holds it (e.g. from a Kubernetes secret).
     """
 
-    base_url: str = Field("http://127.0.0.1:8000/v1", description="endpoint root; /chat/completions is appended")
-    model: str = Field("judge", description="model name sent with each request")
+    base_url: str = Field(..., description="endpoint root, e.g. http://127.0.0.1:8000/v1; /chat/completions is appended")
+    model: str = Field(..., min_length=1, description="model name sent with each request (vllm serve: the served model name)")
     api_key_env: str | None = Field(None, description="name of the environment variable holding the API key; unset: no key")
     temperature: float = Field(0.0, ge=0, le=2, description="judge sampling temperature")
     max_tokens: int = Field(2048, ge=16, description="longest judge reply")
@@ -104,8 +104,10 @@ class JudgeConfig(_Section):
 
 
 class TaskConfig(_Section):
-    name: Literal["arith", "fineproofs"] = Field("arith", description="arith: built in; fineproofs: a FineProofs-RL file")
-    data: str | None = Field(None, description="local path or URI of the problem file (tasks that load data)")
+    name: Literal["arith", "math", "proof"] = Field(
+        "arith", description="the grader: arith (built-in problems), math (final answers, math-verify), proof (rubric judge)"
+    )
+    data: str | None = Field(None, description="local path or URI of the problem file (math and proof)")
     n_terms: int = Field(6, ge=2, le=32, description="numbers to add, one written step each")
     max_value: int = Field(99, ge=1, description="terms are drawn from 0..max_value")
     train_size: int = Field(4096, ge=1, description="training problems generated")
@@ -121,12 +123,30 @@ class TaskConfig(_Section):
     val_fraction: float = Field(0.05, ge=0, lt=1, description="share of loaded problems held out (by a seeded hash of the text)")
     min_reward_mean: float | None = Field(None, ge=0, le=1, description="drop loaded problems whose reward_mean is below this")
     max_reward_mean: float | None = Field(None, ge=0, le=1, description="drop loaded problems whose reward_mean is above this")
-    judge: JudgeConfig = JudgeConfig()
+    judge: JudgeConfig | None = Field(None, description="the rubric judge's endpoint; required by task proof, unused otherwise")
 
     @model_validator(mode="after")
     def _data_for_loaded_tasks(self) -> TaskConfig:
         if self.name != "arith" and not self.data:
-            raise ValueError(f"data is required for task {self.name}")
+            raise ValueError(f"data is required for task {self.name}: a path or URI of a Parquet, JSONL or datasets file")
+        return self
+
+    @model_validator(mode="after")
+    def _shape_fits_the_grader(self) -> TaskConfig:
+        if self.name == "math" and self.shape != "final_answer":
+            raise ValueError(f"shape must be final_answer for task math (its grader compares final answers), found {self.shape}")
+        if self.name == "proof" and self.shape not in ("fineproofs", "proofbench"):
+            raise ValueError(
+                f"shape must be fineproofs or proofbench for task proof (the judge needs rubrics), found {self.shape}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _judge_only_for_proofs(self) -> TaskConfig:
+        if self.name == "proof" and self.judge is None:
+            raise ValueError("judge is required for task proof: set task.judge.base_url and task.judge.model")
+        if self.name != "proof" and self.judge is not None:
+            raise ValueError(f"judge is used only by task proof; remove it for task {self.name}")
         return self
 
     @model_validator(mode="after")

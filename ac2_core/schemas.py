@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: problems.metadata; ungraded chunks (grade_error, nullable targets, metrics counts)
 
 _tokens = pa.list_(pa.int32())
 
@@ -28,6 +28,7 @@ PROBLEMS = pa.schema(
         pa.field("prompt", pa.string(), nullable=False),
         pa.field("answer", pa.string()),  # final answer the grader checks, if the task has one
         pa.field("solution", pa.string()),  # a known-good worked solution (SFT warm start), if any
+        pa.field("metadata", pa.string()),  # JSON: grading material (rubrics, guidelines, source), if any
     ]
 )
 
@@ -85,8 +86,9 @@ SCORED_CHUNKS = pa.schema(
         pa.field("reward", pa.float32()),  # grader's reward, when finished
         pa.field("value_start", pa.float32()),  # V(x, s; ref)
         pa.field("value_end", pa.float32()),  # V(x, s+c; ref), when not finished
-        pa.field("target", pa.float32(), nullable=False),  # y(c)
-        pa.field("target_source", pa.string(), nullable=False),  # reward | critic
+        pa.field("target", pa.float32()),  # y(c); null when ungraded
+        pa.field("target_source", pa.string(), nullable=False),  # reward | critic | ungraded
+        pa.field("grade_error", pa.string()),  # why a finished chunk has no reward (judge failed); else null
         pa.field("critic_flops", pa.float64(), nullable=False),  # critic forward work spent on this row and its pairs
     ]
 )
@@ -122,10 +124,10 @@ ADVANTAGES = pa.schema(
         pa.field("chunk_id", pa.string(), nullable=False),
         pa.field("prefix_id", pa.string(), nullable=False),
         pa.field("problem_id", pa.string(), nullable=False),
-        pa.field("target", pa.float32(), nullable=False),
+        pa.field("target", pa.float32()),  # null for an ungraded chunk (weight 0)
         pa.field("baseline", pa.float32(), nullable=False),
         pa.field("advantage", pa.float32(), nullable=False),
-        pa.field("weight", pa.float32(), nullable=False),  # 0 where the readiness gate masks a critic target
+        pa.field("weight", pa.float32(), nullable=False),  # 0 where the gate masks a critic target, or ungraded
     ]
 )
 
@@ -136,7 +138,9 @@ METRICS = pa.schema(
         pa.field("readiness_share", pa.float32(), nullable=False),  # ready problems / problems with a window
         pa.field("chunk_groups", pa.int32(), nullable=False),
         pa.field("full_groups", pa.int32(), nullable=False),
-        pa.field("mean_train_reward", pa.float32()),  # over finished chunks of this iteration
+        pa.field("mean_train_reward", pa.float32()),  # over graded finished chunks of this iteration
+        pa.field("ungraded_chunks", pa.int32(), nullable=False),  # finished chunks the grader could not score
+        pa.field("ungraded_val", pa.int32()),  # validation answers the grader could not score; null without evaluation
         pa.field("critic_error", pa.float32()),  # binned calibration error over this iteration's pairs
         pa.field("decode_tokens", pa.int64(), nullable=False),
         pa.field("decode_flops", pa.float64(), nullable=False),

@@ -55,6 +55,16 @@ def update_windows(cfg: AC2Config, previous: list[dict], pairs: list[dict], iter
 
 
 def advantages(cfg: AC2Config, scored: list[dict], ready: set[str]) -> list[dict]:
+    """One row per scored chunk, in order. An ungraded chunk (its grader failed) gets
+    weight 0 and no target, and is left out of its group's baseline: the others' advantages
+    are computed as if it had not been sampled."""
+    graded = {r["chunk_id"]: r for r in _graded_advantages(cfg, [s for s in scored if s["target_source"] != "ungraded"], ready)}
+    masked = dict(target=None, baseline=0.0, advantage=0.0, weight=0.0)
+    keys = ("run_id", "iteration", "policy_version", "chunk_id", "prefix_id", "problem_id")
+    return [graded.get(s["chunk_id"]) or {**{k: s[k] for k in keys}, **masked} for s in scored]
+
+
+def _graded_advantages(cfg: AC2Config, scored: list[dict], ready: set[str]) -> list[dict]:
     if not scored:
         return []
     group_index = {g: i for i, g in enumerate(sorted({s["prefix_id"] for s in scored}))}
@@ -116,6 +126,7 @@ def run(
     adv_hash = write(cfg, STAGE, out_advantages, rows, "advantages")
     active = [r for r in rows if r["weight"] > 0]
     return {
+        "ungraded_chunks": sum(r["target"] is None for r in rows),
         "problems_with_window": len(windows),
         "ready_problems": len(ready),
         "readiness_share": len(ready) / len(windows) if windows else 0.0,

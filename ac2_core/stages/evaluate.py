@@ -22,13 +22,14 @@ from ac2_core.math import (
 from ac2_core.models.state import read_state
 from ac2_core.models.store import ModelStore
 from ac2_core.stages.common import Problems, prompt_ids, read, seed_for, write
-from ac2_core.tasks import grade
+from ac2_core.tasks import grade_many
 
 STAGE = "evaluate"
 
 
-def validation_score(cfg: AC2Config, model, tok, probs: Problems) -> float:
-    """Mean reward of sampled answers on the validation split.
+def validation_score(cfg: AC2Config, model, tok, probs: Problems) -> tuple[float | None, int]:
+    """Mean reward of sampled answers on the validation split, and how many answers the
+    grader could not score (left out of the mean; the score is None if none was scored).
 
     The seed is the same every iteration (common random numbers), so changes between
     iterations come from the policy, not from the draw.
@@ -47,12 +48,15 @@ def validation_score(cfg: AC2Config, model, tok, probs: Problems) -> float:
         temperature=cfg.rollout.temperature,
         batch_size=cfg.generation.batch_size,
     )
-    rewards = [
-        grade(probs[pid]["task"], probs[pid]["answer"], tok.decode(s.token_ids, skip_special_tokens=True))
-        for pid, group in zip(val, samples)
-        for s in group
-    ]
-    return sum(rewards) / len(rewards)
+    answers = [(pid, k, s) for pid, group in zip(val, samples) for k, s in enumerate(group)]
+    grades = grade_many(
+        cfg.task,
+        [probs[pid] for pid, _, _ in answers],
+        [tok.decode(s.token_ids, skip_special_tokens=True) for _, _, s in answers],
+        [f"validation answer {k} of {pid}" for pid, k, _ in answers],
+    )
+    rewards = [g.reward for g in grades if g.reward is not None]
+    return (sum(rewards) / len(rewards) if rewards else None), len(grades) - len(rewards)
 
 
 def compute_bill(model, chunks, prefixes, scored, trained_tokens: int) -> dict:
@@ -101,17 +105,20 @@ def run(
     bill = compute_bill(ckpt.model, read(chunks, "chunks"), prefix_rows, scored, trained)
 
     due = iteration % cfg.eval.every == 0 or iteration >= cfg.run.iterations
-    finished = [s["reward"] for s in scored if s["finished"]]
+    val_score, ungraded_val = validation_score(cfg, ckpt.model, ckpt.tokenizer, probs) if due else (None, None)
+    finished = [s["reward"] for s in scored if s["finished"] and s["reward"] is not None]
     last = previous[-1] if previous else None
     row = {
         "run_id": cfg.run_id,
         "iteration": iteration,
         "policy_version": ckpt.version,
-        "val_score": validation_score(cfg, ckpt.model, ckpt.tokenizer, probs) if due else None,
+        "val_score": val_score,
         "readiness_share": sum(w["ready"] for w in windows) / len(windows) if windows else 0.0,
         "chunk_groups": sum(p["mode"] == "chunk" for p in prefix_rows),
         "full_groups": sum(p["mode"] == "full" for p in prefix_rows),
         "mean_train_reward": sum(finished) / len(finished) if finished else None,
+        "ungraded_chunks": sum(s["target_source"] == "ungraded" for s in scored),
+        "ungraded_val": ungraded_val,
         "critic_error": binned_calibration_error(
             [p["prediction"] for p in pairs], [p["outcome"] for p in pairs], n_bins=cfg.readiness.n_bins
         )

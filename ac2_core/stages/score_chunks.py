@@ -2,6 +2,8 @@
 (DESIGN.md section 2, step 3).
 
 - A finished chunk gets the grader's reward R; an unfinished one gets V(x, s+c; ref).
+  A finished chunk the grader could not score (the judge failed) is kept ungraded:
+  reward and target null, ``grade_error`` says why, and it makes no critic pairs.
 - Every chunk also gets V(x, s; ref) at its start.
 - Every finished trajectory is scored by the critic at each chunk boundary: these
   (prediction, outcome) pairs are scored here, before ``update_critic`` trains on the
@@ -10,8 +12,6 @@
 
 from __future__ import annotations
 
-import math
-
 from ac2_core.config import AC2Config
 from ac2_core.generation.scoring import score_inputs
 from ac2_core.math import attention_width, count_non_embedding_params, critic_flops
@@ -19,20 +19,20 @@ from ac2_core.models.store import ModelStore
 from ac2_core.replay import cut_points
 from ac2_core.stages.common import Problems, read, write
 from ac2_core.stages.critic_io import CriticInputs
-from ac2_core.tasks import grade
+from ac2_core.tasks import Grade, grade_many
 
 STAGE = "score_chunks"
 
 
-def reward_for(problem: dict, response: str, chunk_id: str) -> float:
-    """The grader's reward, refused unless it is a number in [0, 1]."""
-    r = grade(problem["task"], problem["answer"], response)
-    if not isinstance(r, (int, float)) or not math.isfinite(r) or not 0.0 <= r <= 1.0:
-        raise ValueError(
-            f"grader {problem['task']!r} returned {r!r} for chunk {chunk_id} (problem {problem['problem_id']});"
-            " rewards must be finite numbers in [0, 1]"
-        )
-    return float(r)
+def grade_finished(cfg: AC2Config, probs: Problems, finished: list[tuple[dict, list[int]]], tok) -> dict[str, Grade]:
+    """chunk_id -> Grade of each (chunk row, response token ids), graded as one batch."""
+    grades = grade_many(
+        cfg.task,
+        [probs[c["problem_id"]] for c, _ in finished],
+        [tok.decode(response, skip_special_tokens=True) for _, response in finished],
+        [f"chunk {c['chunk_id']}" for c, _ in finished],
+    )
+    return {c["chunk_id"]: g for (c, _), g in zip(finished, grades)}
 
 
 def run(
@@ -63,16 +63,20 @@ def run(
     scored, pairs, requests = [], [], []  # requests: (row index, slot, critic input)
     builder = CriticInputs(cfg, tok, probs, read(replay, "replay")) if use_critic else None
     for c in rows:
-        p = prefix_by_id.get(c["prefix_id"])
-        if p is None:
+        if c["prefix_id"] not in prefix_by_id:
             raise ValueError(f"{chunks}: chunk {c['chunk_id']} refers to prefix {c['prefix_id']}, absent from {prefixes}")
+    grades = grade_finished(
+        cfg,
+        probs,
+        [(c, prefix_by_id[c["prefix_id"]]["prefix_token_ids"] + c["token_ids"]) for c in rows if c["finish_reason"] != "length"],
+        tok,
+    )
+    for c in rows:
+        p = prefix_by_id[c["prefix_id"]]
         response = p["prefix_token_ids"] + c["token_ids"]
         finished = c["finish_reason"] != "length"
-        reward = (
-            reward_for(probs[c["problem_id"]], tok.decode(response, skip_special_tokens=True), c["chunk_id"])
-            if finished
-            else None
-        )
+        grade = grades.get(c["chunk_id"])
+        reward = grade.reward if grade is not None else None
         i = len(scored)
         scored.append(
             {
@@ -91,7 +95,8 @@ def run(
                 "value_start": None,
                 "value_end": None,
                 "target": reward,
-                "target_source": "reward" if finished else "critic",
+                "target_source": ("reward" if reward is not None else "ungraded") if finished else "critic",
+                "grade_error": grade.error if grade is not None else None,
                 "critic_flops": 0.0,
             }
         )
@@ -101,6 +106,8 @@ def run(
         requests.append((i, "value_start", builder.build(pid, ref, p["prefix_token_ids"])))
         if not finished:
             requests.append((i, "value_end", builder.build(pid, ref, response)))
+            continue
+        if reward is None:  # ungraded: no outcome to pair predictions with
             continue
         for cut in cut_points(len(response), cfg.rollout.chunk_tokens, finished=True):
             pairs.append(
@@ -124,10 +131,11 @@ def run(
         _apply_critic(ckpt, requests, scored, pairs, batch_size=cfg.critic.score_batch_size)
     scored_hash = write(cfg, STAGE, out_scored_chunks, scored, "scored_chunks")
     write(cfg, STAGE, out_critic_pairs, pairs, "critic_pairs")
-    rewards = [s["reward"] for s in scored if s["finished"]]
+    rewards = [s["reward"] for s in scored if s["finished"] and s["reward"] is not None]
     return {
         "chunks": len(scored),
-        "finished": len(rewards),
+        "finished": sum(s["finished"] for s in scored),
+        "ungraded": sum(s["target_source"] == "ungraded" for s in scored),
         "mean_reward": sum(rewards) / len(rewards) if rewards else float("nan"),
         "critic_pairs": len(pairs),
         "critic_inputs": len({tuple(r[2]) for r in requests}),

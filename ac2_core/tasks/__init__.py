@@ -1,31 +1,129 @@
-"""Problem sources and graders. A problem's ``task`` column picks its grader."""
+"""Problem sources and graders. A problem's ``task`` column picks its grader.
+
+=====  ==========================================  ==============================
+task   problems                                    grader
+=====  ==========================================  ==============================
+arith  built in (``tasks.arith``)                  rule: the final ``#sum``
+math   a file of shape final_answer (``loaders``)  final answer, math-verify
+proof  a file of shape fineproofs or proofbench    rubric judge over HTTP (0-7)
+=====  ==========================================  ==============================
+
+Stages grade a batch at once (``grade_many``): rule graders row by row, the judge
+concurrently. A judgement that fails (endpoint down, timeouts, no readable score) is a
+``Grade`` with ``reward=None`` and the reason; the stages mask it out, never score it 0.
+A rule grader that returns anything but a number in [0, 1] is a bug, and raises.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pyarrow as pa
 
 from ac2_core.config import TaskConfig
-from ac2_core.tasks import arith
+from ac2_core.tasks import arith, math_answer
+
+log = logging.getLogger(__name__)
+
+JUDGED = "proof"  # the task whose rewards come from the rubric judge
+THINK_END = "</think>"
 
 
-def grade(task: str, answer: str | None, response: str) -> float:
-    """The reward ``R(x, y)`` in [0, 1] of ``response`` to a problem of ``task``."""
+@dataclass(frozen=True)
+class Grade:
+    """``reward`` in [0, 1], or None with ``error`` saying why no grade was obtained."""
+
+    reward: float | None
+    error: str | None = None
+
+
+def _rule_score(task: str, answer: str | None, response: str) -> float:
     match task:
-        case "arith":
+        case "arith" | "math":
             if answer is None:
-                raise ValueError("task 'arith' needs an answer to grade against, found none")
-            score = arith.grade(answer, response)
+                raise ValueError(f"task {task!r} needs an answer to grade against, found none")
+            return arith.grade(answer, response) if task == "arith" else math_answer.grade(answer, response)
+        case "proof":
+            raise ValueError("task 'proof' is graded by the rubric judge, over a batch: use grade_many")
         case _:
-            raise ValueError(f"unknown task {task!r}; known tasks: arith")
-    if not (math.isfinite(score) and 0.0 <= score <= 1.0):
-        raise ValueError(f"grader of task {task!r} returned {score!r}, expected a number in [0, 1]")
+            raise ValueError(f"unknown task {task!r}; known tasks: arith, math, proof")
+
+
+def _checked(task: str, score, what: str) -> float:
+    if not isinstance(score, (int, float)) or not (math.isfinite(score) and 0.0 <= score <= 1.0):
+        raise ValueError(f"grader {task!r} returned {score!r} for {what}; rewards must be finite numbers in [0, 1]")
     return float(score)
 
 
+def grade(task: str, answer: str | None, response: str) -> float:
+    """The reward ``R(x, y)`` in [0, 1] of ``response`` under a rule grader (arith, math)."""
+    return _checked(task, _rule_score(task, answer, response), "a response")
+
+
+def answer_part(response: str) -> str:
+    """What a grader reads: the text after the last ``</think>`` (Qwen3's reasoning is not the proof)."""
+    end = response.rfind(THINK_END)
+    return response[end + len(THINK_END) :] if end >= 0 else response
+
+
+def judge_item(problem: dict, response: str):
+    """The rubric judge's input for ``response`` to ``problem`` (a PROBLEMS row with metadata)."""
+    from ac2_core.tasks.judge import JudgeItem  # HTTP client: only proof tasks need it
+
+    pid = problem["problem_id"]
+    try:
+        meta = json.loads(problem.get("metadata") or "null")
+    except ValueError:
+        raise ValueError(f"problem {pid}: column 'metadata' is not JSON") from None
+    if not isinstance(meta, dict) or not (meta.get("rubrics") or meta.get("guidelines")):
+        raise ValueError(
+            f"problem {pid}: task 'proof' needs rubrics or grading guidelines in its metadata, found {str(meta)[:80]}"
+        )
+    return JudgeItem(
+        problem=problem["prompt"],
+        proof=answer_part(response),
+        rubrics=tuple(meta.get("rubrics") or ()),
+        guidelines=meta.get("guidelines"),
+        reference_solution=problem.get("solution"),
+    )
+
+
+def grade_many(cfg: TaskConfig, problems: Sequence[dict], responses: Sequence[str], labels: Sequence[str]) -> list[Grade]:
+    """One ``Grade`` per (problem row, response); ``labels`` name each response in errors.
+
+    Rule graders run in order; proof responses go to the judge (``cfg.judge``) together,
+    at most ``judge.max_concurrency`` at once. Judge failures come back as ungraded.
+    """
+    if not len(problems) == len(responses) == len(labels):
+        raise ValueError(f"grade_many: {len(problems)} problems, {len(responses)} responses, {len(labels)} labels")
+    grades: list[Grade | None] = [None] * len(responses)
+    judged = []
+    for i, (p, response, label) in enumerate(zip(problems, responses, labels)):
+        if p["task"] == JUDGED:
+            judged.append((i, judge_item(p, response)))
+        else:
+            what = f"{label} (problem {p['problem_id']})"
+            grades[i] = Grade(_checked(p["task"], _rule_score(p["task"], p["answer"], response), what))
+    if judged:
+        from ac2_core.tasks.judge import RubricJudge
+
+        if cfg.judge is None:
+            raise ValueError("problems of task 'proof' need task.judge (base_url, model) to be graded")
+        judgements = RubricJudge(cfg.judge).judge_many([item for _, item in judged])
+        failed = [j.error for j in judgements if j.score is None]
+        if failed:
+            log.warning("judge: %d of %d judgements failed (masked, not scored); first: %s", len(failed), len(judged), failed[0])
+        for (i, _), j in zip(judged, judgements):
+            grades[i] = Grade(j.score) if j.score is not None else Grade(None, j.error or "no score")
+    return grades
+
+
 def problems_for(cfg: TaskConfig) -> pa.Table:
-    """The built-in problem set (``PROBLEMS`` schema) that ``cfg`` describes."""
+    """The problem set (``PROBLEMS`` schema) that ``cfg`` describes: built in, or loaded from ``cfg.data``."""
     match cfg.name:
         case "arith":
             return arith.generate_problems(
@@ -35,9 +133,40 @@ def problems_for(cfg: TaskConfig) -> pa.Table:
                 val_size=cfg.val_size,
                 seed=cfg.seed,
             )
-        case "fineproofs":
-            raise NotImplementedError(
-                f"task.name: fineproofs ({cfg.data}) needs the proof-data loader and rubric judge, which are not built yet"
-            )
+        case "math" | "proof":
+            return _loaded(cfg)
         case _:
-            raise ValueError(f"task.name: unknown task {cfg.name!r}; known tasks: arith")
+            raise ValueError(f"task.name: unknown task {cfg.name!r}; known tasks: arith, math, proof")
+
+
+def _loaded(cfg: TaskConfig) -> pa.Table:
+    from ac2_core.tasks.loaders import load_problems
+
+    loaded = load_problems(
+        cfg.data,
+        task=cfg.name,
+        shape=cfg.shape,
+        fmt=cfg.format,
+        columns=cfg.columns.model_dump(),
+        val_fraction=cfg.val_fraction,
+        seed=cfg.seed,
+        min_reward_mean=cfg.min_reward_mean,
+        max_reward_mean=cfg.max_reward_mean,
+    )
+    for split in ("train", "val"):
+        if not loaded.counts[split]:
+            raise ValueError(
+                f"task.data {cfg.data}: no problem fell in the {split} split ({loaded.table.num_rows} problems,"
+                f" task.val_fraction {cfg.val_fraction}); change task.val_fraction or add problems"
+            )
+    ids = loaded.table.column("problem_id").to_pylist()
+    meta = [json.dumps(loaded.metadata[pid], sort_keys=True, ensure_ascii=False, default=_plain) for pid in ids]
+    column = loaded.table.schema.get_field_index("metadata")
+    return loaded.table.set_column(column, loaded.table.schema.field(column), pa.array(meta, pa.string()))
+
+
+def _plain(value):
+    """JSON form of pass-through values that json cannot write itself (numpy scalars and arrays)."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"metadata value of type {type(value).__name__} cannot be written as JSON")

@@ -12,10 +12,11 @@ import torch
 from ac2_core import storage
 from ac2_core.models.store import ModelStore
 from ac2_core.schemas import TABLES
-from ac2_core.stages import inprocess, sample_prefixes, score_chunks
+from ac2_core.stages import inprocess, sample_prefixes
 from ac2_core.stages.common import Problems, prompt_ids
 from ac2_core.stages.layout import OUTPUTS, RunLayout
 from ac2_core.stages.update_actor import token_logprobs
+from ac2_core.tasks import arith
 from tests.conftest import tiny_config
 
 
@@ -162,7 +163,7 @@ def test_nan_reward_from_grader_is_refused_and_writes_nothing(run_dir, tiny_cfg,
     calls = inprocess.stage_calls(tiny_cfg, layout, 1)
     for _, fn, kwargs in calls[:2]:
         fn(tiny_cfg, iteration=1, **kwargs)
-    monkeypatch.setattr(score_chunks, "grade", lambda task, answer, response: math.nan)
+    monkeypatch.setattr(arith, "grade", lambda answer, response: math.nan)
     _, fn, kwargs = calls[2]
     with pytest.raises(ValueError, match=r"grader 'arith' returned nan for chunk .* rewards must be finite"):
         fn(tiny_cfg, iteration=1, **kwargs)

@@ -131,7 +131,7 @@ def server():
 
 def _judge(url, route, **kw):
     settings = dict(timeout_seconds=0.3, max_attempts=3, backoff_seconds=0.05, max_concurrency=4)
-    return RubricJudge(JudgeConfig(base_url=f"{url}/{route}/v1", **{**settings, **kw}))
+    return RubricJudge(JudgeConfig(base_url=f"{url}/{route}/v1", model="judge", **{**settings, **kw}))
 
 
 def _items(*scores):
@@ -182,7 +182,7 @@ def test_client_error_is_not_retried(server):
 
 
 def test_unreachable_endpoint(server):
-    judge = RubricJudge(JudgeConfig(base_url="http://127.0.0.1:1/v1", max_attempts=2, backoff_seconds=0.01, timeout_seconds=0.5))
+    judge = RubricJudge(JudgeConfig(base_url="http://127.0.0.1:1/v1", model="judge", max_attempts=2, backoff_seconds=0.01, timeout_seconds=0.5))
     j = judge.judge(_items(5)[0])
     assert j.score is None and "cannot reach" in j.error and j.attempts == 2
 
@@ -198,4 +198,4 @@ def test_api_key_from_the_named_variable(server, monkeypatch):
 def test_api_key_variable_unset(monkeypatch):
     monkeypatch.delenv("AC2_TEST_JUDGE_KEY", raising=False)
     with pytest.raises(ValueError, match="task.judge.api_key_env: environment variable AC2_TEST_JUDGE_KEY"):
-        RubricJudge(JudgeConfig(api_key_env="AC2_TEST_JUDGE_KEY"))
+        RubricJudge(JudgeConfig(base_url="http://127.0.0.1:1/v1", model="judge", api_key_env="AC2_TEST_JUDGE_KEY"))
