@@ -23,7 +23,8 @@ RUBRIC = "Shows 2k + 2k = 2(2k) (7 pts)"
 
 class JudgeHandler(BaseHTTPRequestHandler):
     """An OpenAI-compatible /v1/chat/completions. ``mode``: ok (a score read off the proof's
-    length), garbage (a reply with no score), slow (no reply within the client's timeout)."""
+    length), garbage (a reply with no score), slow (no reply within the client's timeout),
+    mixed (garbage for proofs of even length, a score otherwise)."""
 
     mode = "ok"
     requests: list[dict] = []
@@ -47,6 +48,8 @@ class JudgeHandler(BaseHTTPRequestHandler):
                 text = "<score>7</score>"
             case "garbage":
                 text = "I am unable to grade this submission."
+            case "mixed" if len(proof) % 2 == 0:
+                text = "Scores 3 and 5 both apply."  # two numbers on the last line: unreadable
             case _:
                 text = f"The argument is incomplete.\n\nFinal score: {len(proof) % 8}/7"
         data = json.dumps(
@@ -159,6 +162,23 @@ def test_failed_judgements_are_recorded_and_masked_not_scored(tmp_path, judge_ur
     assert metrics["ungraded_chunks"] == len(finished) and metrics["mean_train_reward"] is None
     assert metrics["ungraded_val"] == initial["ungraded_val"] == n_val
     assert metrics["val_score"] is None and initial["val_score"] is None
+
+
+def test_some_failed_judgements_leave_the_rest_of_the_batch_scored(tmp_path, judge_url):
+    JudgeHandler.mode = "mixed"
+    out = tmp_path / "run"
+    _, metrics = inprocess.run(proof_config(tmp_path, judge_url), str(out), log=lambda _: None)
+    finished = [s for s in tables(out, "scored_chunks") if s["finished"]]
+    ungraded = [s for s in finished if s["grade_error"] is not None]
+    graded = [s for s in finished if s["grade_error"] is None]
+    assert ungraded and graded, "the fixture should fail some judgements and not others"
+    assert all("unreadable score: last line: ambiguous" in s["grade_error"] and s["reward"] is None for s in ungraded)
+    assert all(s["reward"] is not None and s["target_source"] == "reward" for s in graded)
+    adv = {a["chunk_id"]: a for a in tables(out, "advantages")}
+    assert {adv[s["chunk_id"]]["weight"] for s in ungraded} == {0.0}
+    assert {p["trajectory_id"] for p in tables(out, "critic_pairs")} == {s["chunk_id"] for s in graded}
+    assert metrics["ungraded_chunks"] == len(ungraded)
+    assert metrics["mean_train_reward"] == pytest.approx(sum(s["reward"] for s in graded) / len(graded))
 
 
 def test_a_missing_api_key_stops_the_run_before_anything_is_written(tmp_path, judge_url, monkeypatch):
