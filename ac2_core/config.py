@@ -243,8 +243,15 @@ class CriticConfig(_Section):
 
 
 class GenerationConfig(_Section):
-    backend: Literal["hf"] = Field("hf", description="generation engine (vllm: see the scale-out issue)")
-    batch_size: int = Field(256, ge=1, description="sequences decoded together")
+    backend: Literal["hf", "vllm"] = Field("hf", description="generation engine: hf (CPU default) or vllm (the ac2[vllm] extra)")
+    batch_size: int = Field(256, ge=1, description="sequences decoded together (hf; vllm schedules its own batches)")
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vllm: share of GPU memory for weights and KV cache")
+    kv_cache_gib: float | None = Field(
+        None, gt=0, description="vllm: KV cache size in GiB (needed on CPU; VLLM_CPU_KVCACHE_SPACE overrides it there)"
+    )
+    enforce_eager: bool = Field(False, description="vllm: no CUDA graphs or compilation (set true on CPU)")
+    tensor_parallel_size: int = Field(1, ge=1, description="vllm: GPUs one engine shards the model over")
+    max_model_len: int | None = Field(None, ge=16, description="vllm: longest prompt + answer; unset: the model's own limit")
 
 
 class TrainingConfig(_Section):

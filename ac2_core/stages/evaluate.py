@@ -10,7 +10,7 @@ decode FLOPs per generated token at its context position, prefill once per prefi
 from __future__ import annotations
 
 from ac2_core.config import AC2Config
-from ac2_core.generation import generate
+from ac2_core.generation import generate_for
 from ac2_core.math import (
     attention_width,
     binned_calibration_error,
@@ -27,7 +27,7 @@ from ac2_core.tasks import grade_many
 STAGE = "evaluate"
 
 
-def validation_score(cfg: AC2Config, model, tok, probs: Problems) -> tuple[float | None, int]:
+def validation_score(cfg: AC2Config, model, tok, probs: Problems, *, model_uri: str | None = None) -> tuple[float | None, int]:
     """Mean reward of sampled answers on the validation split, and how many answers the
     grader could not score (left out of the mean; the score is None if none was scored).
 
@@ -37,8 +37,10 @@ def validation_score(cfg: AC2Config, model, tok, probs: Problems) -> tuple[float
     val = probs.ids("val")
     if not val:
         raise ValueError("the problem set has no validation problems")
-    samples = generate(
+    samples = generate_for(
+        cfg,
         model,
+        model_uri,  # None (a model only in memory, as in the bootstrap): the hf backend
         [prompt_ids(tok, probs[pid]["prompt"]) for pid in val],
         [cfg.rollout.max_response_tokens] * len(val),
         n=cfg.eval.samples_per_problem,
@@ -46,7 +48,6 @@ def validation_score(cfg: AC2Config, model, tok, probs: Problems) -> tuple[float
         pad_id=tok.pad_token_id,
         seed=seed_for(cfg, 0, STAGE),
         temperature=cfg.rollout.temperature,
-        batch_size=cfg.generation.batch_size,
     )
     answers = [(pid, k, s) for pid, group in zip(val, samples) for k, s in enumerate(group)]
     grades = grade_many(
@@ -105,7 +106,7 @@ def run(
     bill = compute_bill(ckpt.model, read(chunks, "chunks"), prefix_rows, scored, trained)
 
     due = iteration % cfg.eval.every == 0 or iteration >= cfg.run.iterations
-    val_score, ungraded_val = validation_score(cfg, ckpt.model, ckpt.tokenizer, probs) if due else (None, None)
+    val_score, ungraded_val = validation_score(cfg, ckpt.model, ckpt.tokenizer, probs, model_uri=actor) if due else (None, None)
     finished = [s["reward"] for s in scored if s["finished"] and s["reward"] is not None]
     last = previous[-1] if previous else None
     row = {

@@ -9,7 +9,7 @@ graded as it stands).
 from __future__ import annotations
 
 from ac2_core.config import AC2Config
-from ac2_core.generation import generate
+from ac2_core.generation import generate_for
 from ac2_core.models.store import ModelStore
 from ac2_core.stages.common import Problems, prompt_ids, read, seed_for, write
 
@@ -40,8 +40,10 @@ def run(
     tok = policy.tokenizer
     prompts = {pid: prompt_ids(tok, probs[pid]["prompt"]) for pid in sorted({r["problem_id"] for r in rows})}
     contexts = [prompts[r["problem_id"]] + r["prefix_token_ids"] for r in rows]
-    samples = generate(
+    samples = generate_for(
+        cfg,
         policy.model,
+        actor,
         contexts,
         [r["budget"] for r in rows],
         n=cfg.rollout.group_size,
@@ -49,7 +51,6 @@ def run(
         pad_id=tok.pad_token_id,
         seed=seed_for(cfg, iteration, STAGE),
         temperature=cfg.rollout.temperature,
-        batch_size=cfg.generation.batch_size,
         progress=progress,
     )
     out = []
