@@ -123,6 +123,11 @@ class TaskConfig(_Section):
     val_fraction: float = Field(0.05, ge=0, lt=1, description="share of loaded problems held out (by a seeded hash of the text)")
     min_reward_mean: float | None = Field(None, ge=0, le=1, description="drop loaded problems whose reward_mean is below this")
     max_reward_mean: float | None = Field(None, ge=0, le=1, description="drop loaded problems whose reward_mean is above this")
+    val_data: str | None = Field(
+        None, description="a separate validation file (e.g. IMO-ProofBench); set: every problem of data trains"
+    )
+    val_shape: Literal["fineproofs", "proofbench", "final_answer"] = Field("proofbench", description="layout of val_data")
+    val_columns: TaskColumnsConfig = Field(TaskColumnsConfig(), description="columns of val_data (task.columns are data's)")
     judge: JudgeConfig | None = Field(None, description="the rubric judge's endpoint; required by task proof, unused otherwise")
 
     @model_validator(mode="after")
@@ -139,6 +144,18 @@ class TaskConfig(_Section):
             raise ValueError(
                 f"shape must be fineproofs or proofbench for task proof (the judge needs rubrics), found {self.shape}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _val_data_fits(self) -> TaskConfig:
+        if self.val_data is None:
+            return self
+        if self.name == "arith":
+            raise ValueError("val_data is for tasks that load data (math, proof), not arith")
+        if self.val_fraction != 0:
+            raise ValueError(f"val_fraction must be 0 when val_data is set (validation comes from it), found {self.val_fraction}")
+        if (self.name == "math") != (self.val_shape == "final_answer"):
+            raise ValueError(f"val_shape {self.val_shape} does not fit task {self.name} (math: final_answer; proof: the others)")
         return self
 
     @model_validator(mode="after")

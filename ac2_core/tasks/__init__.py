@@ -25,7 +25,9 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from ac2_core.config import TaskConfig
+from ac2_core.schemas import PROBLEMS
 from ac2_core.tasks import arith, math_answer
+from ac2_core.tasks.loaders import DataError
 
 log = logging.getLogger(__name__)
 
@@ -140,29 +142,46 @@ def problems_for(cfg: TaskConfig) -> pa.Table:
 
 
 def _loaded(cfg: TaskConfig) -> pa.Table:
-    from ac2_core.tasks.loaders import load_problems
+    """``cfg.data``, split by ``val_fraction``; or, with ``cfg.val_data``, data for training
+    and val_data for validation, less any training problem whose text is also in val_data."""
+    from ac2_core.tasks.loaders import load_problems, normal_text
 
-    loaded = load_problems(
-        cfg.data,
-        task=cfg.name,
-        shape=cfg.shape,
-        fmt=cfg.format,
-        columns=cfg.columns.model_dump(),
-        val_fraction=cfg.val_fraction,
-        seed=cfg.seed,
-        min_reward_mean=cfg.min_reward_mean,
-        max_reward_mean=cfg.max_reward_mean,
-    )
+    def load(uri, shape, fmt, columns, val_fraction, filtered):
+        return load_problems(
+            uri,
+            task=cfg.name,
+            shape=shape,
+            fmt=fmt,
+            columns=columns.model_dump(),
+            val_fraction=val_fraction,
+            seed=cfg.seed,
+            min_reward_mean=cfg.min_reward_mean if filtered else None,
+            max_reward_mean=cfg.max_reward_mean if filtered else None,
+        )
+
+    loaded = load(cfg.data, cfg.shape, cfg.format, cfg.columns, cfg.val_fraction, True)
+    rows, metadata = loaded.table.to_pylist(), dict(loaded.metadata)
+    if cfg.val_data:
+        held_out = load(cfg.val_data, cfg.val_shape, "auto", cfg.val_columns, 0.0, False)
+        val = [dict(r, split="val") for r in held_out.table.to_pylist()]
+        texts = {normal_text(r["prompt"]) for r in val}
+        train = [r for r in rows if normal_text(r["prompt"]) not in texts]  # no problem on both sides
+        if len(train) < len(rows):
+            log.info("task.data: %d problems also in task.val_data left out of training", len(rows) - len(train))
+        clash = {r["problem_id"] for r in train} & {r["problem_id"] for r in val}
+        if clash:
+            raise DataError(f"task.data and task.val_data share problem ids with different texts: {sorted(clash)[:5]}")
+        rows = val + train
+        metadata.update(held_out.metadata)
     for split in ("train", "val"):
-        if not loaded.counts[split]:
-            raise ValueError(
-                f"task.data {cfg.data}: no problem fell in the {split} split ({loaded.table.num_rows} problems,"
-                f" task.val_fraction {cfg.val_fraction}); change task.val_fraction or add problems"
+        if not any(r["split"] == split for r in rows):
+            raise DataError(
+                f"task.data {cfg.data}: no problem fell in the {split} split ({len(rows)} problems,"
+                f" task.val_fraction {cfg.val_fraction}, task.val_data {cfg.val_data}); change them or add problems"
             )
-    ids = loaded.table.column("problem_id").to_pylist()
-    meta = [json.dumps(loaded.metadata[pid], sort_keys=True, ensure_ascii=False, default=_plain) for pid in ids]
-    column = loaded.table.schema.get_field_index("metadata")
-    return loaded.table.set_column(column, loaded.table.schema.field(column), pa.array(meta, pa.string()))
+    for r in rows:
+        r["metadata"] = json.dumps(metadata[r["problem_id"]], sort_keys=True, ensure_ascii=False, default=_plain)
+    return pa.Table.from_pylist(rows, schema=PROBLEMS)
 
 
 def _plain(value):

@@ -130,7 +130,7 @@ def load_problems(
     duplicates = filtered = 0
     for index, row in enumerate(rows):
         parsed = _parse_row(row, uri=uri, index=index, shape=shape, mapping=mapping, require_reward=filtering)
-        text_key = _normal_text(parsed["problem"])
+        text_key = normal_text(parsed["problem"])
         if text_key in seen:
             duplicates += 1
             continue
@@ -184,7 +184,8 @@ def _mapping(shape: str, columns: Mapping[str, str | None]) -> dict[str, str]:
     return mapping
 
 
-def _normal_text(text: str) -> str:
+def normal_text(text: str) -> str:
+    """The problem text with whitespace runs made one space: what duplicates and splits are decided on."""
     return re.sub(r"\s+", " ", text).strip()
 
 

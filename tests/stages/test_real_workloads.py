@@ -4,6 +4,7 @@ rubric judge served on loopback, a judge that fails, and a final-answer math fil
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -99,15 +100,10 @@ def fineproofs_file(tmp_path) -> str:
     return str(path)
 
 
-def proof_config(tmp_path, url, **judge):
-    return tiny_config(
-        task__name="proof",
-        task__data=fineproofs_file(tmp_path),
-        task__shape="fineproofs",
-        task__val_fraction=0.25,
-        task__judge={"base_url": url, "model": "tiny-judge", "timeout_seconds": 5, "backoff_seconds": 0.01, **judge},
-        run__iterations=1,
-    )
+def proof_config(tmp_path, url, task=(), **judge):
+    task = {"name": "proof", "data": fineproofs_file(tmp_path), "shape": "fineproofs", "val_fraction": 0.25, **dict(task)}
+    task["judge"] = {"base_url": url, "model": "tiny-judge", "timeout_seconds": 5, "backoff_seconds": 0.01, **judge}
+    return tiny_config(run__iterations=1, **{f"task__{k}": v for k, v in task.items()})
 
 
 def tables(out, name):
@@ -136,6 +132,35 @@ def test_fineproofs_iteration_through_the_rubric_judge(tmp_path, judge_url):
     assert len(JudgeHandler.requests) == len(finished) + 2 * n_val
     assert all(RUBRIC in r["messages"][1]["content"] and r["model"] == "tiny-judge" for r in JudgeHandler.requests)
     assert {a["weight"] for a in tables(out, "advantages")} <= {0.0, 1.0}
+
+
+def test_validation_on_a_proofbench_file_is_judged_by_its_guidelines(tmp_path, judge_url):
+    guide = "7 points: writes n*2 as 2n. 0 otherwise."
+    bench = [
+        {
+            "Problem ID": f"PB-{i}",
+            "Problem": f"Show that {i}*2 is even.",
+            "Solution": f"It is 2*{i}.",
+            "Grading guidelines": guide,
+        }
+        for i in range(3)
+    ]
+    path = tmp_path / "proofbench.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in bench))
+    task = {"val_data": str(path), "val_shape": "proofbench", "val_fraction": 0}
+    out = tmp_path / "run"
+    initial, metrics = inprocess.run(proof_config(tmp_path, judge_url, task=task), str(out), log=lambda _: None)
+    assert initial["val_score"] is not None and metrics["val_score"] is not None and metrics["ungraded_val"] == 0
+
+    problems = storage.read_rows(RunLayout(str(out)).bootstrap("problems"), kind="problems")
+    assert [p["problem_id"] for p in problems if p["split"] == "val"] == ["PB-0", "PB-1", "PB-2"]
+    assert sum(p["split"] == "train" for p in problems) == 16
+    # validation answers (bootstrap and iteration 1, one sample each) go with the guidelines
+    # and the reference solution; training chunks with their rubrics
+    prompts = [r["messages"][1]["content"] for r in JudgeHandler.requests]
+    guided = [p for p in prompts if guide in p]
+    assert len(guided) == 6 and all(re.search(r"## Reference solution\nIt is 2\*\d\.", p) for p in guided)
+    assert all(RUBRIC in p for p in prompts if guide not in p)
 
 
 @pytest.mark.parametrize("mode", ["garbage", "slow"])

@@ -34,6 +34,12 @@ def _task_error(task: dict) -> str:
         ({"name": "proof", "data": "x", "judge": {"base_url": "http://h/v1"}}, "task.judge.model: Field required"),
         ({"name": "proof", "data": "x", "judge": {"model": "m"}}, "task.judge.base_url: Field required"),
         ({"name": "fineproofs", "data": "x"}, "task.name: Input should be 'arith', 'math' or 'proof'"),
+        ({"val_data": "v.jsonl", "val_fraction": 0}, "task.val_data: val_data is for tasks that load data"),
+        ({"name": "proof", "data": "x", "judge": JUDGE, "val_data": "v"}, "task.val_fraction: val_fraction must be 0 when"),
+        (
+            {"name": "math", "data": "x", "shape": "final_answer", "val_data": "v", "val_fraction": 0},
+            "task.val_shape: val_shape proofbench does not fit task math",
+        ),
     ],
 )
 def test_task_config_errors_name_the_field(task, expected):
@@ -77,8 +83,32 @@ def test_loaded_proof_problems_carry_their_rubrics_as_json(tmp_path):
 
 def test_a_split_left_empty_is_a_clear_error(tmp_path):
     cfg = TaskConfig(name="proof", data=_fineproofs(tmp_path), val_fraction=0.0, judge=JUDGE)
-    with pytest.raises(ValueError, match=r"no problem fell in the val split \(20 problems, task.val_fraction 0.0\)"):
+    with pytest.raises(DataError, match=r"no problem fell in the val split \(20 problems, task.val_fraction 0.0,"):
         problems_for(cfg)
+
+
+def test_a_separate_validation_file(tmp_path):
+    # train: FineProofs-RL; validation: IMO-ProofBench style, one problem also in the train file
+    bench = [
+        {
+            "Problem ID": f"PB-{i}",
+            "Problem": f"Prove that  {i} + {i} is even." if i == 3 else f"Show that {i}^2 >= 0.",
+            "Solution": f"Reference {i}.",
+            "Grading guidelines": "7 for a complete proof.",
+            "Source": "IMO-ProofBench",
+        }
+        for i in range(4)
+    ]
+    val_path = tmp_path / "bench.jsonl"
+    val_path.write_text("".join(json.dumps(r) + "\n" for r in bench))
+    cfg = TaskConfig(name="proof", data=_fineproofs(tmp_path), val_data=str(val_path), val_fraction=0, judge=JUDGE)
+    rows = problems_for(cfg).to_pylist()
+    val = [r for r in rows if r["split"] == "val"]
+    train = [r for r in rows if r["split"] == "train"]
+    assert [r["problem_id"] for r in val] == ["PB-0", "PB-1", "PB-2", "PB-3"]
+    assert len(train) == 19 and "Prove that 3 + 3 is even." not in {r["prompt"] for r in train}
+    item = judge_item(val[1], "A proof.")
+    assert (item.guidelines, item.reference_solution, item.rubrics) == ("7 for a complete proof.", "Reference 1.", ())
 
 
 def test_bad_rows_stop_the_load_with_file_row_and_column(tmp_path):
