@@ -199,9 +199,15 @@ def _prune(cfg: AC2Config, layout: RunLayout, it: int) -> None:
 
 def format_row(m: dict) -> str:
     val = "   -  " if m["val_score"] is None else f"{m['val_score']:.3f}"
+    # failed judgements are masked, not scored; say so where the run is watched
+    ungraded = (
+        f"   ungraded: {m['ungraded_chunks']} chunks, {m['ungraded_val'] or 0} val"
+        if m["ungraded_chunks"] or m["ungraded_val"]
+        else ""
+    )
     return (
         f"{m['iteration']:>5} {val:>6} {m['readiness_share']:>7.2f} {m['chunk_groups']:>6}/{m['full_groups']:<4}"
-        f" {m['decode_tokens']:>9} {m['cum_decode_flops']:>12.3e}"
+        f" {m['decode_tokens']:>9} {m['cum_decode_flops']:>12.3e}{ungraded}"
     )
 
 

@@ -167,8 +167,8 @@ def test_validation_on_a_proofbench_file_is_judged_by_its_guidelines(tmp_path, j
 def test_failed_judgements_are_recorded_and_masked_not_scored(tmp_path, judge_url, mode):
     JudgeHandler.mode = mode
     cfg = proof_config(tmp_path, judge_url, timeout_seconds=0.3, max_attempts=2, max_concurrency=16)
-    out = tmp_path / "run"
-    initial, metrics = inprocess.run(cfg, str(out), log=lambda _: None)
+    out, logs = tmp_path / "run", []
+    initial, metrics = inprocess.run(cfg, str(out), log=logs.append)
 
     chunks, scored = tables(out, "chunks"), tables(out, "scored_chunks")
     assert [c["chunk_id"] for c in chunks] == [s["chunk_id"] for s in scored]  # nothing lost
@@ -187,6 +187,7 @@ def test_failed_judgements_are_recorded_and_masked_not_scored(tmp_path, judge_ur
     assert metrics["ungraded_chunks"] == len(finished) and metrics["mean_train_reward"] is None
     assert metrics["ungraded_val"] == initial["ungraded_val"] == n_val
     assert metrics["val_score"] is None and initial["val_score"] is None
+    assert any(f"ungraded: {len(finished)} chunks, {n_val} val" in line for line in logs)
 
 
 def test_some_failed_judgements_leave_the_rest_of_the_batch_scored(tmp_path, judge_url):
