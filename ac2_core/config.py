@@ -194,6 +194,9 @@ class RolloutConfig(_Section):
     probe_fraction: float = Field(0.25, ge=0, le=1, description="share of ready problems kept in full mode as readiness probes")
     revisit_fraction: float = Field(0.5, ge=0, le=1, description="share of each iteration's problems drawn from problems with replay")
     temperature: float = Field(1.0, gt=0, description="sampling temperature (behaviour log-probs are taken under it)")
+    skip_solved_groups: int = Field(
+        0, ge=0, description="skip problems whose last this many full groups were all solved (0: never; a GRPO baseline)"
+    )
 
     @model_validator(mode="after")
     def _chunk_fits(self) -> RolloutConfig:
@@ -218,6 +221,7 @@ class ReadinessConfig(_Section):
     max_error: float = Field(0.15, ge=0, description="largest error at which a problem is ready")
     n_bins: int = Field(5, ge=1, description="bins of V for binned calibration")
     require_mixed_outcomes: bool = Field(True, description="ready only if the window holds both successes and failures")
+    gate: bool = Field(True, description="false: the critic is trusted on every problem with a window (an ablation)")
 
     @model_validator(mode="after")
     def _window_holds_min_pairs(self) -> ReadinessConfig:

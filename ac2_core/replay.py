@@ -79,6 +79,21 @@ def pick_problems(
     return sorted(chosen)
 
 
+def solved_recently(trajectories: Iterable[dict], *, groups: int, success_threshold: float) -> bool:
+    """Whether the problem's last ``groups`` full groups (one per iteration) were all solved.
+
+    Only finished full-mode trajectories count: a chunk continues someone else's prefix,
+    so its success says little about the problem from scratch. With fewer than ``groups``
+    groups in the replay the answer is no.
+    """
+    by_iteration: dict[int, list[float]] = {}
+    for t in trajectories:
+        if t["source_trajectory_id"] is None and t["finished"] and t["reward"] is not None:
+            by_iteration.setdefault(t["iteration"], []).append(t["reward"])
+    recent = sorted(by_iteration, reverse=True)[:groups]
+    return len(recent) == groups and all(r >= success_threshold for it in recent for r in by_iteration[it])
+
+
 @dataclass(frozen=True)
 class PlannedPrefix:
     problem_id: str

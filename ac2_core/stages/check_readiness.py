@@ -48,7 +48,7 @@ def update_windows(cfg: AC2Config, previous: list[dict], pairs: list[dict], iter
                 "predictions": preds,
                 "outcomes": outs,
                 "error": None if error != error else error,  # nan -> null: undefined on this window
-                "ready": ready,
+                "ready": ready or not cfg.readiness.gate,  # gate off: the critic is always trusted
             }
         )
     return rows

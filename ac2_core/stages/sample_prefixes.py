@@ -7,7 +7,7 @@ from collections import defaultdict
 
 from ac2_core.config import AC2Config
 from ac2_core.models.state import read_version
-from ac2_core.replay import choose_reference, merge_replay, pick_problems, plan_prefixes
+from ac2_core.replay import choose_reference, merge_replay, pick_problems, plan_prefixes, solved_recently
 from ac2_core.stages.common import Problems, read, rng_for, write
 
 STAGE = "sample_prefixes"
@@ -58,9 +58,18 @@ def run(
         by_problem[t["problem_id"]].append(t)
     ready = {r["problem_id"] for r in read(readiness, "readiness") if r["ready"]}
 
+    skipped: set[str] = set()
+    if cfg.rollout.skip_solved_groups:
+        skipped = {
+            pid
+            for pid, trajectories in by_problem.items()
+            if solved_recently(
+                trajectories, groups=cfg.rollout.skip_solved_groups, success_threshold=cfg.replay.success_threshold
+            )
+        }
     rng = rng_for(cfg, iteration, STAGE)
     chosen = pick_problems(
-        train_ids,
+        [pid for pid in train_ids if pid not in skipped],
         set(by_problem),
         n=cfg.rollout.problems_per_iteration,
         revisit_fraction=cfg.rollout.revisit_fraction,
@@ -108,6 +117,7 @@ def run(
         "chunk_groups": chunk_groups,
         "full_groups": len(rows) - chunk_groups,
         "with_reference": sum(r["ref_trajectory_id"] is not None for r in rows),
+        "skipped_solved": len(skipped),
         "replay_trajectories": len(merged),
         "prefixes_hash": prefix_hash,
     }

@@ -201,3 +201,55 @@ def test_stage_refuses_a_malformed_chunks_table(run_dir, tiny_cfg, tmp_path, dam
     with pytest.raises(storage.ArtifactError, match=expected):
         fn(tiny_cfg, iteration=1, **kwargs)
     assert not storage.exists(kwargs["out_scored_chunks"])
+
+
+# ------------------------------------------------------------ benchmark switches
+
+
+def test_skip_solved_groups_leaves_out_problems_solved_in_their_last_groups(run_dir, tmp_path):
+    from ac2_core.stages.common import write
+
+    cfg = tiny_config(rollout__skip_solved_groups=2, rollout__problems_per_iteration=64)  # every train problem
+    layout = RunLayout(str(run_dir))
+    train = Problems.load(layout.bootstrap("problems")).ids("train")
+    solved, once, failed = train[:3]
+
+    def traj(pid, it, k, reward):
+        return {
+            "run_id": cfg.run_id, "iteration": it, "policy_version": it - 1, "trajectory_id": f"{pid}-{it}-{k}",
+            "problem_id": pid, "source_trajectory_id": None, "token_ids": [5, 6], "finished": True, "reward": reward,
+        }  # fmt: skip
+
+    replay = [traj(solved, it, k, 1.0) for it in (1, 2) for k in range(2)]
+    replay += [traj(once, 2, k, 1.0) for k in range(2)]  # one solved group: not yet skipped
+    replay += [traj(failed, it, k, 1.0 if it == 2 else float(k)) for it in (1, 2) for k in range(2)]
+    write(cfg, "test", str(tmp_path / "replay"), replay, "replay")
+    kwargs = inprocess.stage_calls(cfg, layout, 3)[0][2] | {
+        "replay": str(tmp_path / "replay"),
+        "scored_chunks": layout.bootstrap("scored_chunks"),
+        "readiness": layout.bootstrap("readiness"),
+        "actor": layout.bootstrap("actor"),
+    }
+    result = sample_prefixes.run(cfg, iteration=3, **kwargs)
+    chosen = {p["problem_id"] for p in rows(layout, 3, "prefixes")}
+    assert result["skipped_solved"] == 1
+    assert chosen == set(train) - {solved}
+
+    # the same replay without the switch draws every problem
+    plain = tiny_config(rollout__problems_per_iteration=64)
+    sample_prefixes.run(plain, iteration=3, **kwargs)
+    assert {p["problem_id"] for p in rows(layout, 3, "prefixes")} == set(train)
+
+
+def test_readiness_gate_off_trusts_the_critic_on_every_problem_with_a_window(run_dir):
+    layout = RunLayout(str(run_dir))
+    strict = {"readiness__max_error": 0.0, "readiness__require_mixed_outcomes": True}  # hardly anything is ready
+    run_stages(tiny_config(**strict), layout, 1)
+    gated = rows(layout, 1, "readiness")
+    assert gated and not all(r["ready"] for r in gated)
+    run_stages(tiny_config(**strict, readiness__gate=False), layout, 1)
+    open_ = rows(layout, 1, "readiness")
+    assert [r["problem_id"] for r in open_] == [r["problem_id"] for r in gated]
+    assert all(r["ready"] for r in open_)
+    # the error is still measured, so the figures report how wrong the trusted critic is
+    assert [r["error"] for r in open_] == [r["error"] for r in gated]

@@ -7,7 +7,15 @@ import random
 import numpy as np
 import pytest
 
-from ac2_core.replay import PlannedPrefix, choose_reference, cut_points, merge_replay, pick_problems, plan_prefixes
+from ac2_core.replay import (
+    PlannedPrefix,
+    choose_reference,
+    cut_points,
+    merge_replay,
+    pick_problems,
+    plan_prefixes,
+    solved_recently,
+)
 
 
 def _traj(tid: str, *, iteration: int, pv: int, finished: bool, reward: float | None, n: int = 8, problem: str = "p0") -> dict:
@@ -263,3 +271,38 @@ def test_plan_prefixes_falls_back_to_full_mode_without_candidates():
     assert _plan([]) == full
     # A finished empty trajectory has no cut points (see cut_points), so no candidates.
     assert _plan([_traj("z", iteration=1, pv=1, finished=True, reward=0.0, n=0)]) == full
+
+
+# ------------------------------------------------------------------ solved_recently
+
+
+def _group(iteration: int, rewards: list[float | None], *, chunk: bool = False) -> list[dict]:
+    out = []
+    for i, r in enumerate(rewards):
+        t = _traj(f"t{iteration}-{i}", iteration=iteration, pv=iteration, finished=r is not None, reward=r)
+        if chunk:
+            t["source_trajectory_id"] = "src"
+        out.append(t)
+    return out
+
+
+def test_solved_recently_needs_every_sample_of_the_last_groups_solved():
+    solved_twice = _group(3, [1.0, 1.0]) + _group(5, [1.0, 1.0])
+    assert solved_recently(solved_twice, groups=2, success_threshold=1.0)
+    # one failure in the newest group, or a failure in the second newest, is enough to keep it
+    assert not solved_recently(_group(3, [1.0, 1.0]) + _group(5, [1.0, 0.0]), groups=2, success_threshold=1.0)
+    assert not solved_recently(_group(3, [0.0, 1.0]) + _group(5, [1.0, 1.0]), groups=2, success_threshold=1.0)
+    # an old failure outside the last two groups does not count
+    assert solved_recently(_group(1, [0.0]) + solved_twice, groups=2, success_threshold=1.0)
+
+
+def test_solved_recently_counts_only_finished_full_groups():
+    # only one full group so far: not enough evidence for groups=2
+    assert not solved_recently(_group(5, [1.0, 1.0]), groups=2, success_threshold=1.0)
+    # a successful chunk continuation is not a solve from scratch
+    assert not solved_recently(_group(4, [1.0, 1.0], chunk=True) + _group(5, [1.0]), groups=2, success_threshold=1.0)
+    # partial (unfinished) trajectories carry no reward and are ignored
+    assert solved_recently(_group(4, [1.0, None]) + _group(5, [1.0]), groups=2, success_threshold=1.0)
+    # the threshold decides what solved means
+    assert not solved_recently(_group(4, [0.9]) + _group(5, [1.0]), groups=2, success_threshold=1.0)
+    assert solved_recently(_group(4, [0.9]) + _group(5, [1.0]), groups=2, success_threshold=0.8)
