@@ -276,7 +276,9 @@ class GenerationConfig(_Section):
 
 
 class TrainingConfig(_Section):
-    backend: Literal["torch"] = Field("torch", description="optimizer loop (deepspeed: see the scale-out issue)")
+    backend: Literal["torch", "deepspeed"] = Field("torch", description="optimizer loop: torch, or deepspeed (ac2[deepspeed])")
+    zero_stage: int = Field(2, ge=0, le=3, description="deepspeed: ZeRO stage 0-3 (partition optimizer state, grads, params)")
+    gradient_checkpointing: bool = Field(False, description="deepspeed: recompute activations in backward to save memory")
 
 
 class EvalConfig(_Section):

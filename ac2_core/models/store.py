@@ -78,13 +78,24 @@ class ModelStore:
         """The checkpoint's optimizer, restored from its folder the first time."""
         if ckpt.trainer is None:
             section = self.cfg.actor if ckpt.kind == "actor" else self.cfg.critic
-            ckpt.trainer = Trainer(
-                ckpt.model,
+            hyper = dict(
                 lr=section.lr,
                 weight_decay=section.weight_decay,
                 max_grad_norm=section.max_grad_norm,
                 warmup_steps=section.lr_warmup_steps,
             )
+            match self.cfg.training.backend:
+                case "torch":
+                    ckpt.trainer = Trainer(ckpt.model, **hyper)
+                case "deepspeed":
+                    from ac2_core.training.deepspeed_backend import Trainer as DeepSpeedTrainer
+
+                    t = self.cfg.training
+                    ckpt.trainer = DeepSpeedTrainer(
+                        ckpt.model, **hyper, zero_stage=t.zero_stage, gradient_checkpointing=t.gradient_checkpointing
+                    )
+                case other:
+                    raise ValueError(f"training.backend: unknown backend {other!r}")
             if ckpt.source is not None:
                 ckpt.trainer.load(ckpt.source)
         return ckpt.trainer
