@@ -159,3 +159,16 @@ def test_update_actor_and_critic_match_the_torch_backend(_bootstrap_dir, tmp_pat
     assert ours["loss_last"] == pytest.approx(ref["loss_last"], rel=1e-5)  # after a step: clipped norms differ slightly
     for kind in ("actor", "critic"):
         _assert_close_params(weights["deepspeed"][kind], weights["torch"][kind])
+
+
+def test_gradient_checkpointing_gives_the_same_step(tokenizer):
+    # Recomputing activations in backward must not change the gradient.
+    plain = build_tiny_model(tokenizer, SMALL, seed=0)
+    checkpointed = build_tiny_model(tokenizer, SMALL, seed=0)
+    a = deepspeed_backend.Trainer(plain, **HYPER, zero_stage=2).step(_batches(tokenizer, 0), _lm_loss)
+    b = deepspeed_backend.Trainer(checkpointed, **HYPER, zero_stage=2, gradient_checkpointing=True).step(
+        _batches(tokenizer, 0), _lm_loss
+    )
+    assert checkpointed.is_gradient_checkpointing and not plain.is_gradient_checkpointing
+    assert b["loss"] == a["loss"] and b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-6)
+    _assert_close_params(_params(checkpointed), _params(plain), atol=1e-7)
