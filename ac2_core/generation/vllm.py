@@ -123,15 +123,30 @@ def engine(model_dir: str | Path, settings: EngineSettings):
         if _cached.weights != weights:
             # Same architecture and settings: swap the weights, and drop KV blocks of the old policy.
             view = _weights_view(model_dir)
-            _cached.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(view)})
-            _cached.llm.reset_prefix_cache()
+            try:
+                _cached.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(view)})
+                _cached.llm.reset_prefix_cache()
+            except Exception:
+                shutil.rmtree(view, ignore_errors=True)
+                release()  # the engine's weights are now unknown
+                raise
             shutil.rmtree(_cached.view, ignore_errors=True)
             _cached.weights, _cached.view = weights, view
         return _cached.llm
     release()
     vllm = _import_vllm()
     view = _weights_view(model_dir)
-    llm = vllm.LLM(
+    try:
+        llm = _build(vllm, view, settings)
+    except Exception:
+        shutil.rmtree(view, ignore_errors=True)
+        raise
+    _cached = _Cached(shape, weights, llm, view)
+    return llm
+
+
+def _build(vllm, view: Path, settings: EngineSettings):
+    return vllm.LLM(
         model=str(view),
         skip_tokenizer_init=True,  # ids in, ids out
         dtype=settings.dtype,
@@ -146,8 +161,6 @@ def engine(model_dir: str | Path, settings: EngineSettings):
         trust_remote_code=settings.trust_remote_code,
         seed=0,  # only the engine's own default stream; every request carries its seed
     )
-    _cached = _Cached(shape, weights, llm, view)
-    return llm
 
 
 def release() -> None:
@@ -208,6 +221,14 @@ def generate(
         return []
     llm = engine(model_dir, settings)
     vllm = _import_vllm()
+    limit = llm.llm_engine.model_config.max_model_len
+    longest = max(len(c) + b for c, b in zip(contexts, budgets))
+    if longest > limit:
+        # vLLM would cut such a sample short and still call it "length", a chunk that never was.
+        raise ValueError(
+            f"a context plus its budget needs {longest} tokens but the vllm engine holds {limit}: "
+            "raise generation.max_model_len (up to the model's max_position_embeddings) or lower the budgets"
+        )
     prompts = [vllm.TokensPrompt(prompt_token_ids=list(c)) for c in contexts]
     params = [
         vllm.SamplingParams(

@@ -119,6 +119,12 @@ def test_rows_are_well_formed_and_respect_budgets_and_eos(vcfg, actor, hf_actor,
     assert reasons == {"stop", "length"}  # both endings happened, so both branches were checked
 
 
+def test_budget_past_the_engine_length_is_refused(vcfg, actor, hf_actor):
+    tok = hf_actor[1]
+    with pytest.raises(ValueError, match="generation.max_model_len"):
+        _vgen(vcfg, actor, _contexts(tok), [10_000] * 4, n=1, eos_id=tok.eos_token_id, seed=0)
+
+
 def test_seeded_sampling_is_reproducible_and_seed_dependent(vcfg, actor, hf_actor):
     tok = hf_actor[1]
     ctx, budgets = _contexts(tok), [10] * 4
