@@ -1,0 +1,472 @@
+"""The central experiment: decode FLOPs (and wall time) for AC2 and for GRPO to reach
+GRPO's peak validation score, on the built-in task.
+
+    .venv/bin/python bench/rl_efficiency.py                      # ac2, grpo, grpo_skip × 3 seeds
+    .venv/bin/python bench/rl_efficiency.py --variants ac2_no_gate ac2_no_ref   # ablations
+    .venv/bin/python bench/rl_efficiency.py --report-only        # rebuild the tables and plot
+
+Every run starts from the same warm-started model (one bootstrap, made with
+--bootstrap-seed and adopted by every run), with the same problems, G, learning rate
+and validation set; a seed varies the RL (problem draws, sampling), and the runs of
+one seed share it. The variants differ only in the config keys listed in VARIANTS. The
+variants of one seed run in one process, interleaved iteration by iteration, so that
+the machine's load falls on all of them alike; the seeds run in parallel processes,
+one thread each.
+
+Headline: GRPO's peak of the moving average of the validation score (per seed); for each
+run, the first iteration where its moving average reaches that peak; the ratio of
+GRPO's cumulative decode FLOPs there to the run's. The same ratio in wall time counts
+every stage but ``evaluate`` (critic scoring and training included).
+
+Runs are resumable: the per-iteration records live under --out, and a variant run
+later (an ablation) is compared with the GRPO runs already there. The tables and the
+plot are rebuilt from every record under --out. Text below the analysis marker of the
+results file is kept when the tables are rewritten. Not a test: wall times depend on
+the machine's load; FLOPs and scores do not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TOY = ROOT / "pipelines" / "configs" / "toy.yaml"
+RESULTS = ROOT / "bench" / "results" / "rl_efficiency.md"
+PLOT = RESULTS.with_suffix(".png")
+MARKER = "<!-- analysis: text below this line is kept when the tables are rewritten -->"
+
+# What each variant changes; everything else comes from the config and --set.
+VARIANTS: dict[str, dict] = {
+    "ac2": {},
+    "grpo": {"algorithm": "grpo"},
+    "grpo_skip": {"algorithm": "grpo", "rollout.skip_solved_groups": 2},
+    "ac2_no_gate": {"readiness.gate": False},
+    "ac2_no_ref": {"critic.use_reference": False},
+    "ac2_chunk8": {"rollout.chunk_tokens": 8},
+    "ac2_chunk32": {"rollout.chunk_tokens": 32},
+}
+MAIN = ["ac2", "grpo", "grpo_skip"]
+# The benchmark's size: the toy config with a shorter run and a denser, smaller evaluation.
+BENCH_SIZE = {"run.iterations": 40, "eval.every": 2, "eval.samples_per_problem": 2, "run.keep_models": 1}
+
+
+def parse_value(text: str):
+    """--set values: JSON where it parses (numbers, true/false, null), else the string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def configs_for(args: argparse.Namespace, seed: int) -> dict:
+    from ac2_core.config import load_config
+
+    base = {**BENCH_SIZE, **dict(args.set), "seed": seed}
+    return {
+        v: load_config(args.config, {**base, **VARIANTS[v], "run_id": f"{v.replace('_', '-')}-s{seed}"}) for v in args.variants
+    }
+
+
+# ---------------------------------------------------------------- running
+
+
+def run_seed(args: argparse.Namespace, seed: int) -> None:
+    """Bootstrap once for this seed, then run every variant, interleaved by iteration."""
+    import torch
+
+    from ac2_core import storage
+    from ac2_core.models.store import ModelStore
+    from ac2_core.stages import inprocess
+    from ac2_core.stages.layout import RunLayout
+
+    torch.set_num_threads(args.threads)
+    cfgs = configs_for(args, seed)
+    seed_dir = Path(args.out) / f"seed{seed}"
+    boot = bootstrap_layout(args)
+    initial = storage.read_rows(boot.bootstrap("metrics"), kind="metrics")[0]
+
+    runs = {}
+    for v, cfg in cfgs.items():
+        layout = RunLayout(str(seed_dir / v))
+        if not storage.exists(layout.bootstrap("metrics")):
+            # made with the bootstrap seed: adopt it as that seed's config would
+            inprocess.adopt_bootstrap(cfg.model_copy(update={"seed": args.bootstrap_seed}), layout, boot.root)
+        records = seed_dir / v / "records.jsonl"
+        done = _valid_records(records, inprocess.completed_iterations(layout))
+        if done == 0:
+            _write_records(records, [_record(v, seed, 0, initial, {}, 0.0, 0.0)])
+        runs[v] = (cfg, layout, ModelStore(cfg, keep_in_memory=True), records, done)
+
+    iterations = max(cfg.run.iterations for cfg in cfgs.values())
+    for it in range(1, iterations + 1):
+        for v, (cfg, layout, store, records, done) in runs.items():
+            if it <= done or it > cfg.run.iterations:
+                continue
+            wall0, cpu0 = time.perf_counter(), time.process_time()
+            results = inprocess.run_iteration(cfg, layout, it, store)
+            wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+            metrics = storage.read_rows(layout.output(it, "metrics"), kind="metrics")[-1]
+            rec = _record(v, seed, it, metrics, results["seconds"], wall, cpu)
+            with records.open("a") as f:
+                f.write(json.dumps(rec) + "\n")
+            inprocess._prune(cfg, layout, it)
+            val = "  -  " if metrics["val_score"] is None else f"{metrics['val_score']:.3f}"
+            print(
+                f"[seed {seed}] {v:<12} it {it:>3}  val {val}  ready {metrics['readiness_share']:.2f}"
+                f"  chunk/full {metrics['chunk_groups']:>3}/{metrics['full_groups']:<3}"
+                f"  dec_tok {metrics['decode_tokens']:>6}  {wall:5.1f}s",
+                flush=True,
+            )
+
+
+def bootstrap_layout(args: argparse.Namespace):
+    from ac2_core.stages.layout import RunLayout
+
+    return RunLayout(str(Path(args.out) / "bootstrap"))
+
+
+def make_bootstrap(args: argparse.Namespace) -> None:
+    """The one warm start every run adopts (skipped when it exists)."""
+    import torch
+
+    from ac2_core import storage
+    from ac2_core.stages import inprocess
+
+    boot = bootstrap_layout(args)
+    if storage.exists(boot.bootstrap("metrics")):
+        return
+    torch.set_num_threads(os.cpu_count() or 1)
+    cfg = configs_for(args, args.bootstrap_seed)[args.variants[0]]
+    t0 = time.perf_counter()
+    inprocess.run_bootstrap(cfg, boot, log=lambda m: print(f"[bootstrap] {m}", flush=True))
+    print(f"[bootstrap] done in {time.perf_counter() - t0:.0f}s", flush=True)
+
+
+def _record(variant: str, seed: int, it: int, metrics: dict, seconds: dict, wall: float, cpu: float) -> dict:
+    keep = (
+        "val_score", "readiness_share", "chunk_groups", "full_groups", "mean_train_reward", "critic_error",
+        "decode_tokens", "cum_decode_tokens", "cum_decode_flops", "cum_prefill_flops", "cum_critic_flops",
+        "cum_train_flops",
+    )  # fmt: skip
+    return {
+        "variant": variant,
+        "seed": seed,
+        "iteration": it,
+        **{k: metrics[k] for k in keep},
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "eval_s": seconds.get("evaluate", 0.0),
+        "stage_s": seconds,
+    }
+
+
+def _valid_records(path: Path, completed: int) -> int:
+    """Iterations that are both published and recorded; later records are dropped."""
+    if not path.exists():
+        return 0
+    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    recs = [r for r in recs if r["iteration"] <= completed]
+    recorded = {r["iteration"] for r in recs}
+    done = 0
+    while done + 1 in recorded:
+        done += 1
+    _write_records(path, [r for r in recs if r["iteration"] <= done])
+    return done
+
+
+def _write_records(path: Path, recs: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    tmp.replace(path)
+
+
+# ---------------------------------------------------------------- analysis
+
+
+def load_runs(out: Path) -> dict[tuple[str, int], list[dict]]:
+    runs = {}
+    for path in sorted(out.glob("seed*/*/records.jsonl")):
+        recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if recs:
+            runs[(recs[0]["variant"], recs[0]["seed"])] = sorted(recs, key=lambda r: r["iteration"])
+    return runs
+
+
+def curve(recs: list[dict], window: int) -> list[dict]:
+    """One point per evaluation: the moving average of the last ``window`` validation
+    scores, with the run's cumulative decode FLOPs and training wall time there."""
+    points, vals, wall, cpu = [], [], 0.0, 0.0
+    for r in recs:
+        wall += r["wall_s"] - r["eval_s"]
+        cpu += r["cpu_s"] * (1 - r["eval_s"] / r["wall_s"]) if r["wall_s"] else 0.0  # evaluate's share left out
+        if r["val_score"] is None:
+            continue
+        if r["iteration"] == 0:  # the initial policy's score, measured with the bootstrap seed's stream
+            continue
+        vals.append(r["val_score"])
+        if len(vals) >= window:
+            points.append(
+                {
+                    "iteration": r["iteration"],
+                    "ma": sum(vals[-window:]) / window,
+                    "flops": r["cum_decode_flops"],
+                    "wall": wall,
+                    "cpu": cpu,
+                }
+            )
+    return points
+
+
+def first_reaching(points: list[dict], target: float) -> dict | None:
+    return next((p for p in points if p["ma"] >= target - 1e-9), None)
+
+
+def headline(runs: dict, window: int) -> tuple[dict, dict]:
+    """Per seed: GRPO's peak and where it is reached; per (variant, seed): the ratios."""
+    peaks, ratios = {}, {}
+    for (variant, seed), recs in runs.items():
+        if variant == "grpo":
+            pts = curve(recs, window)
+            if pts:
+                best = max(p["ma"] for p in pts)
+                peaks[seed] = {"peak": best, **first_reaching(pts, best)}
+    for (variant, seed), recs in runs.items():
+        if seed not in peaks:
+            continue
+        g = peaks[seed]
+        pts = curve(recs, window)
+        hit = first_reaching(pts, g["peak"])
+        if hit:
+            ratios[variant, seed] = {
+                "reached": True,
+                "iteration": hit["iteration"],
+                "flops_ratio": g["flops"] / hit["flops"],
+                "wall_ratio": g["wall"] / hit["wall"],
+                "cpu_ratio": g["cpu"] / hit["cpu"],
+            }
+        elif pts:  # not reached: its whole run's cost bounds the ratio from above
+            ratios[variant, seed] = {
+                "reached": False,
+                "iteration": None,
+                "flops_ratio": g["flops"] / recs[-1]["cum_decode_flops"],
+                "wall_ratio": g["wall"] / pts[-1]["wall"],
+                "cpu_ratio": g["cpu"] / pts[-1]["cpu"],
+                "best": max(p["ma"] for p in pts),
+            }
+    return peaks, ratios
+
+
+def _median_spread(values: list[float]) -> str:
+    if not values:
+        return "–"
+    return f"{statistics.median(values):.2f} [{min(values):.2f}–{max(values):.2f}]"
+
+
+def _mean(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
+    peaks, ratios = headline(runs, args.smooth)
+    variants = [v for v in VARIANTS if any(k[0] == v for k in runs)]
+    seeds = sorted({s for _, s in runs})
+    lines = [
+        "# RL efficiency: AC2 against GRPO on decode FLOPs",
+        "",
+        "Reproduce: `python bench/rl_efficiency.py` (ac2, grpo, grpo_skip), then"
+        " `python bench/rl_efficiency.py --variants ac2_no_gate ac2_no_ref` and"
+        " `python bench/rl_efficiency.py --variants ac2_chunk8 ac2_chunk32` (ablations, compared with"
+        " the GRPO runs already there); `--report-only` rebuilds this file from every run under"
+        f" `{Path(args.out).relative_to(ROOT) if Path(args.out).is_relative_to(ROOT) else args.out}`."
+        f" This file was last written by `{args.command}`. Machine: "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} when written"
+        + (f"; this invocation took {elapsed / 60:.1f} min." if elapsed else "."),
+        "",
+        f"Config: `{Path(args.config).relative_to(ROOT) if Path(args.config).is_relative_to(ROOT) else args.config}`"
+        f" with {', '.join(f'`{k}={v}`' for k, v in {**BENCH_SIZE, **dict(args.set)}.items())}; seeds {seeds}."
+        f" Validation: moving average of the last {args.smooth} evaluations (iterations ≥ 1)."
+        f" Every run adopts one warm start (seed {args.bootstrap_seed}),"
+        f" whose validation score is {next(iter(runs.values()))[0]['val_score']:.3f}.",
+        "",
+        "Variants (what each changes): "
+        + "; ".join(f"**{v}** {json.dumps(VARIANTS[v]) if VARIANTS[v] else '(the config as it is)'}" for v in variants)
+        + ".",
+        "",
+        "## Headline: GRPO's decode FLOPs / the run's, at the first iteration each reaches GRPO's peak",
+        "",
+        "Median over seeds [min–max]. A run that never reaches the peak counts with the bound its whole"
+        " run gives (marked ≤); > 1 means fewer decode FLOPs than GRPO. Wall and CPU time count every"
+        " stage but `evaluate`, critic scoring and training included. Wall-time ratios compare runs of"
+        " one invocation (the same load); a variant run in a later invocation is compared with GRPO's"
+        " wall time from another, so read its CPU-time ratio (each process has one thread).",
+        "",
+        "| variant | decode FLOPs ratio | wall-time ratio | CPU-time ratio | reached | per seed (FLOPs ratio @ iteration) |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for v in variants:
+        rs = [ratios[v, s] for s in seeds if (v, s) in ratios]
+        bound = "≤ " if any(not r["reached"] for r in rs) else ""
+        per_seed = ", ".join(
+            f"s{s}: {ratios[v, s]['flops_ratio']:.2f} @ {ratios[v, s]['iteration']}"
+            if ratios[v, s]["reached"]
+            else f"s{s}: ≤{ratios[v, s]['flops_ratio']:.2f} (best {ratios[v, s]['best']:.3f})"
+            for s in seeds
+            if (v, s) in ratios
+        )
+        lines.append(
+            f"| {v} | {bound}{_median_spread([r['flops_ratio'] for r in rs])}"
+            f" | {bound}{_median_spread([r['wall_ratio'] for r in rs])}"
+            f" | {bound}{_median_spread([r['cpu_ratio'] for r in rs])}"
+            f" | {sum(r['reached'] for r in rs)}/{len(rs)} | {per_seed} |"
+        )
+    lines += [
+        "",
+        "GRPO's peak per seed: "
+        + ", ".join(f"s{s}: {p['peak']:.3f} at iteration {p['iteration']}" for s, p in sorted(peaks.items()))
+        + ".",
+        "",
+        "## Per run",
+        "",
+        "| variant | seed | iterations | val start → end (MA) | peak MA | decode tokens | decode FLOPs"
+        " | critic FLOPs | train FLOPs | train wall s | ready share | chunk groups | critic error |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for v in variants:
+        for s in seeds:
+            recs = runs.get((v, s))
+            if not recs:
+                continue
+            pts, last = curve(recs, args.smooth), recs[-1]
+            steps = recs[1:]
+            groups = sum(r["chunk_groups"] + r["full_groups"] for r in steps)
+            lines.append(
+                f"| {v} | {s} | {last['iteration']} | {recs[0]['val_score']:.3f} → "
+                f"{_fmt(pts[-1]['ma'] if pts else None, '.3f')} | {_fmt(max((p['ma'] for p in pts), default=None), '.3f')}"
+                f" | {last['cum_decode_tokens']:,} | {last['cum_decode_flops']:.3e} | {last['cum_critic_flops']:.2e}"
+                f" | {last['cum_train_flops']:.2e} | {sum(r['wall_s'] - r['eval_s'] for r in steps):.0f}"
+                f" | {_fmt(_mean([r['readiness_share'] for r in steps]), '.2f')}"
+                f" | {sum(r['chunk_groups'] for r in steps) / groups if groups else 0:.2f}"
+                f" | {_fmt(_mean([r['critic_error'] for r in steps]), '.3f')} |"
+            )
+    lines += [
+        "",
+        f"![validation score against cumulative decode FLOPs]({PLOT.name})",
+        "",
+        "Ready share: ready problems / problems with a readiness window, mean over iterations."
+        " Chunk groups: share of groups in chunk mode. Critic error: binned calibration error of"
+        " the critic on each iteration's out-of-sample pairs, mean over iterations.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plot(runs: dict, window: int, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = dict(zip(VARIANTS, plt.get_cmap("tab10").colors))
+    styles = ["-", "--", ":", "-."]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for (v, s), recs in sorted(runs.items()):
+        pts = curve(recs, window)
+        if pts:
+            ax.plot(
+                [p["flops"] for p in pts],
+                [p["ma"] for p in pts],
+                color=colors[v],
+                linestyle=styles[s % len(styles)],
+                label=f"{v} seed {s}",
+            )
+    ax.set_xlabel("cumulative decode FLOPs")
+    ax.set_ylabel(f"validation score (moving average of {window})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def write_results(args: argparse.Namespace, elapsed: float | None) -> None:
+    runs = load_runs(Path(args.out))
+    if not runs:
+        raise SystemExit(f"no records under {args.out}: run the benchmark first")
+    kept = ""
+    results = Path(args.results)
+    if results.exists() and MARKER in results.read_text():
+        kept = results.read_text().split(MARKER, 1)[1]
+    text = render(runs, args, elapsed) + "\n" + MARKER + (kept or "\n")
+    plot(runs, args.smooth, results.with_suffix(".png"))
+    tmp = results.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(results)
+    print(text.split(MARKER)[0])
+    print(f"wrote {results} and {results.with_suffix('.png')}")
+
+
+# ---------------------------------------------------------------- main
+
+
+def _key_value(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--set takes KEY=VALUE (dotted keys), found {text!r}")
+    return key, parse_value(value)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=str(TOY))
+    p.add_argument("--variants", nargs="+", default=MAIN, choices=list(VARIANTS))
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--bootstrap-seed", type=int, default=0, help="seed of the one warm start every run adopts")
+    p.add_argument("--set", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
+                   help="config override for every run (dotted key), e.g. --set run.iterations=60")  # fmt: skip
+    p.add_argument("--smooth", type=int, default=3, help="evaluations in the moving average")
+    p.add_argument("--jobs", type=int, default=3, help="seeds run at once, one process each")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    p.add_argument("--out", default=str(ROOT / "bench" / "runs" / "rl_efficiency"))
+    p.add_argument("--results", default=str(RESULTS))
+    p.add_argument("--report-only", action="store_true")
+    args = p.parse_args(argv)
+    args.command = "python bench/rl_efficiency.py " + " ".join(sys.argv[1:] if argv is None else argv)
+
+    from ac2_core.config import ConfigError
+
+    try:  # every config is validated before anything starts
+        for s in args.seeds:
+            configs_for(args, s)
+    except ConfigError as e:
+        raise SystemExit(str(e)) from None
+    t0 = time.perf_counter()
+    if not args.report_only:
+        print(f"reproduce: {args.command}", flush=True)
+        make_bootstrap(args)
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
+        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn")) as pool:
+            for f in [pool.submit(run_seed, args, s) for s in args.seeds]:
+                f.result()
+    write_results(args, None if args.report_only else time.perf_counter() - t0)
+
+
+if __name__ == "__main__":
+    main()
