@@ -239,6 +239,9 @@ def report(args, cfg: AC2Config, ac2: Ac2Side, trl: TrlSide, load: tuple, starte
     gen_med = median_after(trl.generate_seconds, w) if len(trl.generate_seconds) > w else float("nan")
     rew_med = statistics.median(s for _, s, _ in trl.reward_calls[w:])
     zero_adv = [1 - r["trained_rows"] / r["completions"] for r in a_steps]
+    # an estimate of ac2 training every row: update_actor's time grows with the rows it computes
+    scaled_update = [r["stages"]["update_actor"] * r["completions"] / max(r["trained_rows"], 1) for r in a_steps]
+    scaled_step = [r["seconds"] - r["stages"]["update_actor"] + u for r, u in zip(a_steps, scaled_update)]
     cmd = f".venv/bin/python bench/peer_trl.py --steps {args.steps} --warmup {args.warmup}"
     if args.problems:
         cmd += f" --problems {args.problems}"
@@ -250,6 +253,10 @@ def report(args, cfg: AC2Config, ac2: Ac2Side, trl: TrlSide, load: tuple, starte
         "# ac2 (algorithm: grpo) against TRL GRPOTrainer: wall time per optimizer step",
         "",
         f"Reproduce: `{cmd}`",
+        "",
+        "Without `--bootstrap-from` the script makes its own bootstrap of the toy config (SFT warm start, seeded;"
+        " not timed); with it, it adopts one made with the same model, task and warm-start settings, such as the"
+        " `base` folder of `bench/stage_throughput.py --out DIR`.",
         "",
         f"Machine: {os.cpu_count()} CPUs (torch threads {torch.get_num_threads()}), shared with other work while this ran:"
         f" load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1/5/15 min) at the start, {os.getloadavg()[0]:.2f}"
@@ -265,6 +272,8 @@ def report(args, cfg: AC2Config, ac2: Ac2Side, trl: TrlSide, load: tuple, starte
         f" {max(trl.step_seconds[w:]):.2f} |",
         "",
         f"**TRL / ac2 wall time per optimizer step: {t_med / a_med:.2f}x** (median TRL s/step over median ac2 s/step).",
+        f"ac2 skips the rows with zero advantage (see below); against an estimate of ac2 training every"
+        f" row ({statistics.median(scaled_step):.2f} s/step) the ratio is {t_med / statistics.median(scaled_step):.2f}x.",
         "",
         "## Config (both sides)",
         "",
@@ -300,7 +309,9 @@ def report(args, cfg: AC2Config, ac2: Ac2Side, trl: TrlSide, load: tuple, starte
         f" advantage 0 and add nothing to the gradient. Over the measured steps {statistics.mean(zero_adv):.0%} of"
         " completions were skipped this way (median of decoded tokens per step:"
         f" {statistics.median(r['decode_tokens'] for r in a_steps):,.0f}). TRL forwards and backpropagates every"
-        " completion, zero advantage or not.",
+        " completion, zero advantage or not. Were ac2 to train every row, its update_actor would take about"
+        f" {statistics.median(scaled_update):.2f}s (its time scaled by completions / trained rows), and its step"
+        f" about {statistics.median(scaled_step):.2f}s.",
         "- ac2 generates with its own sampling loop (KV cache, logits of the last position only, rows stop at eos);"
         " TRL calls `model.generate` with sampling (same model, eager attention).",
         "- ac2 writes every artifact (prefixes, chunks, scored chunks, advantages as Parquet, the actor checkpoint with"
