@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from ac2_core.models.store import ModelStore
 from ac2_core.models.tiny import build_tiny_model
@@ -172,3 +173,24 @@ def test_gradient_checkpointing_gives_the_same_step(tokenizer):
     assert checkpointed.is_gradient_checkpointing and not plain.is_gradient_checkpointing
     assert b["loss"] == a["loss"] and b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-6)
     _assert_close_params(_params(checkpointed), _params(plain), atol=1e-7)
+
+
+@pytest.mark.slow
+def test_inprocess_run_on_deepspeed_matches_torch(_bootstrap_dir, tmp_path):
+    # Two iterations with models kept in memory between stages: the ZeRO-3 trainer lives on
+    # across iterations and writes its weights back, and ends where the torch run ends.
+    finals = {}
+    for backend in ("torch", "deepspeed"):
+        root = tmp_path / backend
+        shutil.copytree(_bootstrap_dir, root / "bootstrap")
+        cfg = tiny_config(training__backend=backend, training__zero_stage=3)
+        inprocess.run(cfg, str(root), log=lambda _: None)
+        layout = RunLayout(str(root))
+        finals[backend] = {
+            kind: _params(ModelStore(cfg).load(layout.output(2, kind), kind=kind).model) for kind in ("actor", "critic")
+        }
+        # every critic step of both iterations, counted in the saved optimizer state
+        state = load_file(str(root / "iter-0002" / "update_critic" / "critic" / "optimizer.safetensors"))
+        assert {float(t) for k, t in state.items() if k.endswith("::step")} == {2.0 * cfg.critic.steps_per_iteration}
+    for kind in ("actor", "critic"):
+        _assert_close_params(finals["deepspeed"][kind], finals["torch"][kind])
