@@ -267,6 +267,59 @@ def headline(runs: dict, window: int) -> tuple[dict, dict]:
     return peaks, ratios
 
 
+def diagnose(run_dir: Path) -> dict:
+    """Where a run's decoding and learning signal went, from its stage artifacts.
+
+    Token counts are the chunks' own tokens (prefixes excluded). A row carries signal when
+    the gate lets it through with a non-zero advantage. The critic's discrimination is
+    the AUC of its out-of-sample predictions on every pair of the run, and the gap between
+    its mean prediction on states that went on to succeed and on those that failed.
+    """
+    import numpy as np
+
+    from ac2_core import storage
+    from ac2_core.math.readiness import auc_error
+    from ac2_core.stages.layout import RunLayout
+
+    layout, it = RunLayout(str(run_dir)), 1
+    tokens = {"full": 0, "chunk": 0}
+    signal_tokens, rows, signal_rows, chunk_rows, chunk_finished = 0, 0, 0, 0, 0
+    abs_adv: dict[str, list[float]] = {"full": [], "chunk": []}
+    preds, outs = [], []
+    while storage.exists(layout.output(it, "advantages")):
+        scored = {r["chunk_id"]: r for r in storage.read_rows(layout.output(it, "scored_chunks"), kind="scored_chunks")}
+        lengths = {c["chunk_id"]: len(c["token_ids"]) for c in storage.read_rows(layout.output(it, "chunks"), kind="chunks")}
+        for a in storage.read_rows(layout.output(it, "advantages"), kind="advantages"):
+            mode, n = scored[a["chunk_id"]]["mode"], lengths[a["chunk_id"]]
+            tokens[mode] += n
+            rows += 1
+            if mode == "chunk":
+                chunk_rows += 1
+                chunk_finished += scored[a["chunk_id"]]["target_source"] == "reward"
+            if a["weight"] > 0 and abs(a["advantage"]) > 1e-6:
+                signal_rows += 1
+                signal_tokens += n
+                abs_adv[mode].append(abs(a["advantage"]))
+        if storage.exists(layout.output(it, "critic_pairs")):
+            for p in storage.read_rows(layout.output(it, "critic_pairs"), kind="critic_pairs"):
+                preds.append(p["prediction"])
+                outs.append(p["outcome"])
+        it += 1
+    total = tokens["full"] + tokens["chunk"]
+    preds_a, outs_a = np.asarray(preds), np.asarray(outs)
+    won = outs_a >= 0.5
+    return {
+        "chunk_token_share": tokens["chunk"] / total if total else 0.0,
+        "chunk_finished_share": chunk_finished / chunk_rows if chunk_rows else None,
+        "signal_row_share": signal_rows / rows if rows else 0.0,
+        "signal_token_share": signal_tokens / total if total else 0.0,
+        "mean_abs_adv_full": _mean(abs_adv["full"]),
+        "mean_abs_adv_chunk": _mean(abs_adv["chunk"]),
+        "critic_auc": 1 - auc_error(preds_a, outs_a) if won.any() and (~won).any() else None,
+        "critic_gap": float(preds_a[won].mean() - preds_a[~won].mean()) if won.any() and (~won).any() else None,
+    }
+
+
 def _median_spread(values: list[float]) -> str:
     if not values:
         return "–"
@@ -365,6 +418,39 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
                 f" | {_fmt(_mean([r['critic_error'] for r in steps]), '.3f')} |"
             )
     lines += [
+        "",
+        "## Where the decoding and the learning signal went (median over seeds)",
+        "",
+        "| variant | decode tokens / GRPO's, per iteration | chunk-mode share of decoded tokens"
+        " | chunks that finish | rows with signal | decoded tokens with signal | mean abs A full / chunk"
+        " | critic AUC | critic V gap (success − failure) |",
+        "|---|---:|---:|---:|---:|---:|---|---:|---:|",
+    ]
+    diag = {key: diagnose(Path(args.out) / f"seed{key[1]}" / key[0]) for key in runs}
+    grpo_tokens = {s: runs[v, s][-1]["cum_decode_tokens"] / runs[v, s][-1]["iteration"] for v, s in runs if v == "grpo"}
+
+    def med(v: str, field: str, spec: str) -> str:
+        values = [diag[v, s][field] for s in seeds if (v, s) in diag and diag[v, s][field] is not None]
+        return _fmt(statistics.median(values) if values else None, spec)
+
+    for v in variants:
+        per_it = [
+            runs[v, s][-1]["cum_decode_tokens"] / runs[v, s][-1]["iteration"] / grpo_tokens[s]
+            for s in seeds
+            if (v, s) in runs and s in grpo_tokens
+        ]
+        lines.append(
+            f"| {v} | {_fmt(statistics.median(per_it) if per_it else None, '.3f')}"
+            f" | {med(v, 'chunk_token_share', '.3f')} | {med(v, 'chunk_finished_share', '.2f')}"
+            f" | {med(v, 'signal_row_share', '.3f')} | {med(v, 'signal_token_share', '.3f')}"
+            f" | {med(v, 'mean_abs_adv_full', '.3f')} / {med(v, 'mean_abs_adv_chunk', '.3f')}"
+            f" | {med(v, 'critic_auc', '.3f')} | {med(v, 'critic_gap', '.3f')} |"
+        )
+    lines += [
+        "",
+        "Rows with signal: chunks the gate lets through with a non-zero advantage (a group whose"
+        " targets are all equal has none). Critic AUC and V gap: its out-of-sample predictions on every"
+        " (state, outcome) pair of the run, before it trained on them.",
         "",
         f"![validation score against cumulative decode FLOPs]({PLOT.name})",
         "",
