@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import gc
 import hashlib
+import json
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -146,6 +147,16 @@ def engine(model_dir: str | Path, settings: EngineSettings):
 
 
 def _build(vllm, view: Path, settings: EngineSettings):
+    from vllm.platforms import current_platform
+
+    extra = {}
+    if current_platform.is_cpu():
+        # vLLM 0.32's CPU worker cannot rewind a seeded request's generator when it drops the
+        # sample of a partly prefilled prompt (chunked prefill): "CPU Generator does not use
+        # offset" kills the engine on the first large batch. So every prompt is prefilled whole.
+        config = json.loads((view / "config.json").read_text())
+        longest = settings.max_model_len or int(config.get("max_position_embeddings", 0))
+        extra = dict(enable_chunked_prefill=False, max_num_batched_tokens=max(longest, 4096))
     return vllm.LLM(
         model=str(view),
         skip_tokenizer_init=True,  # ids in, ids out
@@ -160,6 +171,7 @@ def _build(vllm, view: Path, settings: EngineSettings):
         max_model_len=settings.max_model_len,
         trust_remote_code=settings.trust_remote_code,
         seed=0,  # only the engine's own default stream; every request carries its seed
+        **extra,
     )
 
 

@@ -8,6 +8,7 @@ keeps it and only swaps weights between checkpoints. Skipped when vLLM is not in
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import sys
 from pathlib import Path
@@ -123,6 +124,19 @@ def test_budget_past_the_engine_length_is_refused(vcfg, actor, hf_actor):
     tok = hf_actor[1]
     with pytest.raises(ValueError, match="generation.max_model_len"):
         _vgen(vcfg, actor, _contexts(tok), [10_000] * 4, n=1, eos_id=tok.eos_token_id, seed=0)
+
+
+def test_large_seeded_batch_runs_and_repeats(vcfg, actor, hf_actor):
+    # More prompt tokens than one engine step takes (4096): vLLM's chunked prefill would
+    # split prompts across steps, which kills a CPU engine serving seeded requests.
+    tok = hf_actor[1]
+    rng = random.Random(0)
+    ctx = [[rng.randrange(4, len(tok)) for _ in range(rng.randrange(60, 120))] for _ in range(48)]
+    a = _vgen(vcfg, actor, ctx, [6] * 48, n=4, eos_id=tok.eos_token_id, seed=1)
+    b = _vgen(vcfg, actor, ctx, [6] * 48, n=4, eos_id=tok.eos_token_id, seed=1)
+    _check_rows(a, [6] * 48, 4, tok.eos_token_id)
+    assert sum(map(len, ctx)) * 4 > 4096
+    assert [[s.token_ids for s in g] for g in a] == [[s.token_ids for s in g] for g in b]
 
 
 def test_seeded_sampling_is_reproducible_and_seed_dependent(vcfg, actor, hf_actor):
