@@ -9,10 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+from ac2_core.models.tokenizer import load_tokenizer  # torch-free, so ModelStore.tokenizer stays light
 from ac2_core.storage import PICKLE_SUFFIXES  # one list of refused formats
+
+__all__ = ["ATTN_IMPLEMENTATION", "ModelFormatError", "check_safetensors_dir", "load_model", "load_tokenizer", "save_model"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -67,13 +70,6 @@ def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path:
     tokenizer.save_pretrained(path)
     check_safetensors_dir(path)
     return path
-
-
-def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
-    path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"tokenizer directory {path} does not exist or is not a directory")
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
 def load_model(

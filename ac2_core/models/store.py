@@ -13,12 +13,18 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from ac2_core import storage
 from ac2_core.config import AC2Config
-from ac2_core.models.critic import Critic
-from ac2_core.models.hf import load_model, load_tokenizer, save_model
 from ac2_core.models.state import STATE
-from ac2_core.training.torch_backend import Trainer
+from ac2_core.models.tokenizer import load_tokenizer
+
+# torch and transformers are imported where weights are loaded, trained or saved: a stage
+# that needs only a tokenizer (score_chunks under grpo) then starts without them (seconds
+# per fresh KFP task)
+if TYPE_CHECKING:
+    from ac2_core.training.torch_backend import Trainer
 
 
 @dataclass
@@ -63,6 +69,9 @@ class ModelStore:
         return ckpt
 
     def _from_storage(self, uri: str, kind: str) -> Checkpoint:
+        from ac2_core.models.critic import Critic
+        from ac2_core.models.hf import load_model
+
         folder = storage.local_model_dir(uri, kind=kind)
         version = int(json.loads((folder / STATE).read_text())["version"])
         match kind:
@@ -86,6 +95,8 @@ class ModelStore:
             )
             match self.cfg.training.backend:
                 case "torch":
+                    from ac2_core.training.torch_backend import Trainer
+
                     ckpt.trainer = Trainer(ckpt.model, **hyper)
                 case "deepspeed":
                     from ac2_core.training.deepspeed_backend import Trainer as DeepSpeedTrainer
@@ -107,6 +118,8 @@ class ModelStore:
         config_hash = config_hash or self.cfg.config_hash()
         with storage.publish_dir(uri, kind=ckpt.kind, stage=stage, config_hash=config_hash) as folder:
             if ckpt.kind == "actor":
+                from ac2_core.models.hf import save_model
+
                 save_model(ckpt.model, ckpt.tokenizer, folder)
             else:
                 ckpt.model.save(folder, ckpt.tokenizer)

@@ -6,7 +6,9 @@ built-in task learnable for a tiny model; merged digit pairs would hide the carr
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
+from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
@@ -44,6 +46,30 @@ def build_tokenizer(corpus: Iterable[str]) -> PreTrainedTokenizerFast:
         clean_up_tokenization_spaces=False,  # keeps decode(encode(s)) == s
     )
     return tokenizer
+
+
+# the classes AutoTokenizer would resolve to PreTrainedTokenizerFast itself (transformers 5 names it TokenizersBackend)
+_PLAIN_FAST = {"PreTrainedTokenizerFast", "TokenizersBackend"}
+
+
+def load_tokenizer(path: str | Path):
+    """The tokenizer saved in the directory ``path``, as ``AutoTokenizer`` would load it.
+
+    A plain fast tokenizer (what ``build_tokenizer`` saves) is loaded as that class directly:
+    ``AutoTokenizer`` resolves to the same class but first imports transformers' model
+    classes and torch (about 3 s of CPU in every fresh KFP task). Any other class (a real
+    model's, e.g. Qwen2Tokenizer) goes through ``AutoTokenizer``.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"tokenizer directory {path} does not exist or is not a directory")
+    config = path / "tokenizer_config.json"
+    declared = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
+    if declared in _PLAIN_FAST and (path / "tokenizer.json").is_file():
+        return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
 def special_ids(tokenizer: PreTrainedTokenizerFast) -> dict[str, int]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import string
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -93,6 +95,23 @@ def test_save_load_round_trip_gives_identical_logits(model, tokenizer, tmp_path)
     text = "12+7=19;#19"
     assert loaded_tok.encode(text, add_special_tokens=False) == tokenizer.encode(text, add_special_tokens=False)
     assert special_ids(load_tokenizer(tmp_path / "m")) == special_ids(tokenizer)
+
+
+def test_saved_tokenizer_loads_as_autotokenizer_would_without_torch(tokenizer, tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer.save_pretrained(tmp_path / "tok")
+    fast, auto = load_tokenizer(tmp_path / "tok"), AutoTokenizer.from_pretrained(tmp_path / "tok", local_files_only=True)
+    assert type(fast) is type(auto)
+    assert (fast.padding_side, fast.clean_up_tokenization_spaces) == (auto.padding_side, auto.clean_up_tokenization_spaces)
+    assert special_ids(fast) == special_ids(auto)
+    ids = fast.encode("49+97=146;#146<|endoftext|>", add_special_tokens=False)
+    assert ids == auto.encode("49+97=146;#146<|endoftext|>", add_special_tokens=False)
+    assert fast.decode(ids, skip_special_tokens=True) == auto.decode(ids, skip_special_tokens=True) == "49+97=146;#146"
+    # the point of the direct path: a fresh process loads it without importing torch
+    code = f"import sys; from ac2_core.models.tokenizer import load_tokenizer; load_tokenizer({str(tmp_path / 'tok')!r});"
+    code += " print(sorted(m for m in ('torch', 'pandas') if m in sys.modules))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
 
 
 def test_pickle_only_directory_is_refused_naming_the_file(model, tokenizer, tmp_path):
