@@ -13,12 +13,14 @@ kfp-kubernetes settings, and deletes its workspace folder after each run (ac2 us
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+import ac2_core
 from ac2_core import storage
 from ac2_core.config import AC2Config
 from ac2_core.stages.inprocess import HEADER, format_row
@@ -42,11 +44,45 @@ def _last_error(log_file: Path) -> str:
     return lines[-1] if lines else "see the log"
 
 
+@contextlib.contextmanager
+def _tasks_import_this_code():
+    """Make kfp.local's task processes import the ac2 code this process runs.
+
+    Each task is ``python -m kfp.dsl.executor_main`` in this process's working directory,
+    which Python puts first on ``sys.path``: run from another checkout (or with ``PYTHONPATH``
+    naming a worktree), the tasks would import that directory's ``ac2_core`` while the
+    driver runs this one. So the tasks get this code's source root first on ``PYTHONPATH``
+    and ``PYTHONSAFEPATH=1`` (no working directory on ``sys.path``). An installed (not
+    source) ac2 needs neither, and the environment is left as it is.
+    """
+    root = Path(ac2_core.__file__).resolve().parents[1]
+    if not (root / "pyproject.toml").is_file():
+        yield
+        return
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "PYTHONSAFEPATH")}
+    rest = [p for p in (saved["PYTHONPATH"] or "").split(os.pathsep) if p and Path(p).resolve() != root]
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(root), *rest])
+    os.environ["PYTHONSAFEPATH"] = "1"
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def run_pipeline(pipeline, arguments: dict, pipeline_root: Path, label: str) -> dict[str, str]:
     """Run one pipeline through kfp.local (output to ``logs/<label>.log``); returns its outputs."""
     log_file = pipeline_root / "logs" / f"{label}.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "w") as sink, contextlib.redirect_stdout(sink), warnings.catch_warnings():
+    with (
+        open(log_file, "w") as sink,
+        contextlib.redirect_stdout(sink),
+        warnings.catch_warnings(),
+        _tasks_import_this_code(),
+    ):
         # the image and display names are for clusters; locally every task runs in this environment
         warnings.filterwarnings("ignore", message=".*non-Python base image.*")
         warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")

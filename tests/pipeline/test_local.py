@@ -4,11 +4,15 @@ single-stage re-runs, identity with the inprocess runner, resuming, and ``ac2 re
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+import ac2_core
 from ac2_core import storage
 from ac2_core.models.store import ModelStore
 from ac2_core.stages import inprocess
@@ -146,3 +150,19 @@ def test_a_failed_task_is_one_line_naming_the_artifact(kfp_run, kfp_state, tmp_p
     err = capsys.readouterr().err.strip()
     assert err.startswith("ac2: iter-0001: ArtifactError: ") and "\n" not in err
     assert f"{bad}: data.parquet does not match its manifest" in err and "full log: " in err
+
+
+def test_tasks_import_the_drivers_code_not_the_working_directorys(tmp_path, monkeypatch):
+    # a decoy checkout in the working directory and on PYTHONPATH, as when `ac2 run` starts in another clone
+    (tmp_path / "ac2_core").mkdir()
+    (tmp_path / "ac2_core" / "__init__.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.delenv("PYTHONSAFEPATH", raising=False)
+    probe = [sys.executable, "-c", "import ac2_core; print(ac2_core.__file__)"]  # cwd first on sys.path, as `-m`
+    decoy = str(tmp_path / "ac2_core" / "__init__.py")
+    assert subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip() == decoy
+    with local._tasks_import_this_code():
+        found = subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip()
+    assert found == ac2_core.__file__ != decoy
+    assert os.environ["PYTHONPATH"] == str(tmp_path) and "PYTHONSAFEPATH" not in os.environ  # restored
