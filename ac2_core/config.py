@@ -399,6 +399,13 @@ class GpuStagesConfig(TaskResourcesConfig):
         return self
 
 
+class SecretKeyConfig(_Section):
+    """One key of a Kubernetes Secret (only its name and key: the value never enters ac2)."""
+
+    name: str = Field(..., pattern=_DNS_NAME, max_length=253, description="the Secret's name")
+    key: str = Field(..., pattern=r"^[-._a-zA-Z0-9]+$", max_length=253, description="the key within the Secret")
+
+
 class ClusterConfig(_Section):
     """How the pipelines' tasks run on Kubernetes (kfp-kubernetes; see k8s/ and README "Run on Kubeflow").
 
@@ -414,6 +421,11 @@ class ClusterConfig(_Section):
     )
     s3_endpoint_url: str | None = Field(
         None, description="the stages' AWS_ENDPOINT_URL_S3, for an in-cluster store the submitting machine reaches elsewhere"
+    )
+    judge_secret: SecretKeyConfig | None = Field(
+        None,
+        description="Secret key holding the rubric judge's API key: the grading stages (bootstrap, score_chunks, evaluate)"
+        " get it as the env variable task.judge.api_key_env names; unset: none",
     )
     tasks: TaskResourcesConfig = Field(TaskResourcesConfig(), description="every task not in gpu.stages")
     gpu: GpuStagesConfig = GpuStagesConfig()
@@ -445,6 +457,15 @@ class AC2Config(_Section):
     run: RunConfig = RunConfig()
     storage: StorageConfig = StorageConfig()
     cluster: ClusterConfig = ClusterConfig()
+
+    @model_validator(mode="after")
+    def _judge_secret_has_a_variable(self) -> AC2Config:
+        if self.cluster.judge_secret is not None and (self.task.judge is None or self.task.judge.api_key_env is None):
+            raise ValueError(
+                "cluster.judge_secret needs task.judge.api_key_env: the name of the env variable the key is given as"
+                f" (found task.judge {'unset' if self.task.judge is None else 'without api_key_env'})"
+            )
+        return self
 
     @property
     def uses_critic(self) -> bool:
@@ -483,9 +504,10 @@ def _format_errors(err: ValidationError, origin: str) -> str:
         match e["type"]:
             case "extra_forbidden":
                 lines.append(f"  {field}: unknown key")
-            case "value_error" if (m := re.match(r"Value error, (\w+) (.*)", e["msg"], re.S)):
+            case "value_error" if (m := re.match(r"Value error, ([\w.]+) (.*)", e["msg"], re.S)):
                 # a cross-field check of a section: its message starts with the field to change
-                lines.append(f"  {field}.{m.group(1)}: {m.group(1)} {m.group(2)}")
+                name = f"{field}.{m.group(1)}" if e["loc"] else m.group(1)
+                lines.append(f"  {name}: {m.group(1)} {m.group(2)}")
             case _:
                 found = e.get("input")
                 shown = "" if isinstance(found, dict) else f" (found {found!r})"

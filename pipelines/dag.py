@@ -21,8 +21,8 @@ previous critic (for grpo, the bootstrap critic, which it does not read) and
 
 On a cluster, the ``cluster`` section of the config (``ac2_core.config.ClusterConfig``)
 decides what each task asks Kubernetes for: GPUs, the GPU image, CPU and memory, node
-selectors, tolerations, a memory-backed ``/dev/shm`` and the S3 credentials Secret, all
-through kfp-kubernetes. ``build_pipelines(cluster)`` applies them at compile time;
+selectors, tolerations, a memory-backed ``/dev/shm``, the S3 credentials Secret and, for
+the grading tasks, the rubric judge's API key Secret, all through kfp-kubernetes. ``build_pipelines(cluster)`` applies them at compile time;
 ``bootstrap_pipeline`` and ``iteration_pipeline`` are built with the defaults, which add
 nothing (kfp.local would ignore them anyway).
 
@@ -52,16 +52,22 @@ ITERATION_PIPELINE = "ac2-iteration"
 ARTIFACT_CLASS = {"actor": Model, "critic": Model, "reference": Model}
 # the keys of the S3 credentials Secret (k8s/base), each given to the stages as the env variable of its name
 S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+# the tasks that call the grader, so the only ones that get the judge's API key (cluster.judge_secret)
+GRADING_TASKS = ("bootstrap", "score_chunks", "evaluate")
 DEFAULT_CLUSTER = ClusterConfig()
 
 
-def _stage(component, name: str, cluster: ClusterConfig, **inputs) -> dsl.PipelineTask:
+def _stage(component, name: str, cluster: ClusterConfig, judge_key_env: str | None, **inputs) -> dsl.PipelineTask:
     # stochastic stages must never be served from a cache
-    return _on_cluster(component(**inputs).set_display_name(name).set_caching_options(False), name, cluster)
+    task = component(**inputs).set_display_name(name).set_caching_options(False)
+    return _on_cluster(task, name, cluster, judge_key_env)
 
 
-def _on_cluster(task: dsl.PipelineTask, name: str, cluster: ClusterConfig) -> dsl.PipelineTask:
-    """Put ``cluster``'s Kubernetes settings for the task ``name`` on it; the defaults add none."""
+def _on_cluster(task: dsl.PipelineTask, name: str, cluster: ClusterConfig, judge_key_env: str | None = None) -> dsl.PipelineTask:
+    """Put ``cluster``'s Kubernetes settings for the task ``name`` on it; the defaults add none.
+
+    ``judge_key_env`` is ``task.judge.api_key_env``: the env variable that the grading tasks
+    get ``cluster.judge_secret`` as (the config's validator makes sure it is set then)."""
     gpu = cluster.gpu if name in cluster.gpu.stages else None
     resources = cluster.tasks if gpu is None else gpu
     for set_resource, value in (
@@ -77,6 +83,11 @@ def _on_cluster(task: dsl.PipelineTask, name: str, cluster: ClusterConfig) -> ds
             kubernetes.use_secret_as_env(task, secret_name=cluster.s3_secret, secret_key_to_env={k: k for k in S3_SECRET_KEYS})
         if cluster.s3_endpoint_url:
             task.set_env_variable("AWS_ENDPOINT_URL_S3", cluster.s3_endpoint_url)
+    if name in GRADING_TASKS and cluster.judge_secret:
+        if not judge_key_env:
+            raise ValueError("cluster.judge_secret needs task.judge.api_key_env, the env variable to put the key in")
+        judge = cluster.judge_secret
+        kubernetes.use_secret_as_env(task, secret_name=judge.name, secret_key_to_env={judge.key: judge_key_env})
     if gpu is None:
         return task
     if gpu.accelerator_count:
@@ -97,9 +108,10 @@ def _import(uri: str, name: str) -> dsl.PipelineTask:
     return dsl.importer(artifact_uri=uri, artifact_class=cls, reimport=False).set_display_name(f"import {name}")
 
 
-def build_pipelines(cluster: ClusterConfig = DEFAULT_CLUSTER) -> dict:
-    """Both pipelines, ``{"bootstrap": ..., "iteration": ...}``, with ``cluster``'s settings on their tasks."""
-    stage = functools.partial(_stage, cluster=cluster)
+def build_pipelines(cluster: ClusterConfig = DEFAULT_CLUSTER, judge_key_env: str | None = None) -> dict:
+    """Both pipelines, ``{"bootstrap": ..., "iteration": ...}``, with ``cluster``'s settings on their tasks
+    (``judge_key_env``: ``task.judge.api_key_env``, needed with ``cluster.judge_secret``)."""
+    stage = functools.partial(_stage, cluster=cluster, judge_key_env=judge_key_env)
 
     @dsl.pipeline(
         name=BOOTSTRAP_PIPELINE, description="AC2 bootstrap: problems, initial actor and critic, empty iteration-0 tables"

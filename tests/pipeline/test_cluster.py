@@ -25,7 +25,7 @@ import yaml
 from ac2_core.config import ClusterConfig, ConfigError, parse_config
 from components import image
 from pipelines.compile import compile_pipeline
-from pipelines.dag import S3_SECRET_KEYS
+from pipelines.dag import GRADING_TASKS, S3_SECRET_KEYS
 from tests.conftest import tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -273,6 +273,53 @@ def test_local_dev_settings_compile_with_the_in_cluster_endpoint_and_no_gpus(tmp
     assert boot["env"] == [{"name": "AWS_ENDPOINT_URL_S3", "value": "http://minio-service.kubeflow:9000"}]
     assert boot["image"] == image.CPU_IMAGE and "accelerator" not in boot["resources"]
     assert set(platform) == {"exec-bootstrap"} and set(platform["exec-bootstrap"]) == {"secretAsEnv"}
+
+
+FAKE_JUDGE_KEY = "sk-fake-judge-key-for-tests-only-7c2e"
+
+
+def _proof_config(cluster: dict):
+    """A proof task graded by a judge whose key is in the env variable JUDGE_API_KEY."""
+    task = {
+        "name": "proof",
+        "data": "s3://ac2-data/fineproofs.parquet",
+        "judge": {"base_url": "http://judge.ac2:8000/v1", "model": "judge", "api_key_env": "JUDGE_API_KEY"},
+    }
+    return parse_config(tiny_config().model_dump(mode="json") | {"task": task, "cluster": cluster})
+
+
+def test_grading_tasks_get_the_judge_key_from_its_secret_and_no_value(tmp_path, monkeypatch):
+    monkeypatch.setenv("JUDGE_API_KEY", FAKE_JUDGE_KEY)  # the submitting machine's key must not leak
+    section = yaml.safe_load((K8S / "overlays" / "gpu-cluster" / "ac2-cluster.yaml").read_text())
+    cfg = _proof_config(section | {"judge_secret": {"name": "ac2-judge", "key": "api-key"}})
+    judge_env = {"secretName": "ac2-judge", "secretNameParameter": {"runtimeValue": {"constant": "ac2-judge"}}}
+    judge_env |= {"keyToEnv": [{"secretKey": "api-key", "envVar": "JUDGE_API_KEY"}], "optional": False}
+    seen = set()
+    for which in ("iteration", "bootstrap"):
+        spec, platform, text = _compiled(cfg, tmp_path, which)
+        for name, e in spec["deploymentSpec"]["executors"].items():
+            if "container" not in e:
+                continue
+            stage = "config" if name == "exec-config" else re.sub(r"-\d+$", "", name[len("exec-") :]).replace("-", "_")
+            secrets = {s["secretName"]: s for s in platform.get(name, {}).get("secretAsEnv", [])}
+            if stage in GRADING_TASKS:
+                seen.add(stage)
+                assert secrets.get("ac2-judge") == judge_env, name
+                assert "ac2-s3" in secrets, name  # next to the S3 keys, not instead of them
+            else:
+                assert "ac2-judge" not in secrets, name
+        assert FAKE_JUDGE_KEY not in text and "JUDGE_API_KEY" in text
+    # both evaluate tasks (ac2 and grpo branches) map to "evaluate": every grading task was compiled
+    assert seen == set(GRADING_TASKS)
+
+
+def test_judge_secret_without_a_variable_to_fill_is_refused():
+    with pytest.raises(ConfigError) as err:
+        parse_config({"cluster": {"judge_secret": {"name": "ac2-judge", "key": "api-key"}}})
+    assert "cluster.judge_secret" in str(err.value) and "task.judge.api_key_env" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        _proof_config({"judge_secret": {"name": "Not_A_Name", "key": "api-key"}})
+    assert "cluster.judge_secret.name" in str(err.value)
 
 
 def test_cluster_section_errors_name_the_field():
