@@ -10,8 +10,8 @@ OUT    ?= runs/toy
 # kfp: the pipeline itself through kfp.local (every task a fresh process), the default of `ac2 run`;
 # inprocess: the same stages in one process (RUNNER=inprocess ITERATIONS=50 takes about 8 minutes).
 RUNNER ?= kfp
-# a run length, not an algorithm setting: 20 kfp.local iterations fit 15 minutes on 2 cores (README)
-ITERATIONS ?= 20
+# a run length, not an algorithm setting: 18 kfp.local iterations fit 15 minutes on 2 cores (README, an estimate)
+ITERATIONS ?= 18
 
 .PHONY: setup train test clean
 
