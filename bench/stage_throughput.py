@@ -50,9 +50,10 @@ sys.path.insert(0, str(ROOT))
 
 from ac2_core import storage  # noqa: E402
 from ac2_core.config import AC2Config, ConfigError, load_config  # noqa: E402
+from ac2_core.generation import scoring  # noqa: E402
 from ac2_core.models.state import read_state  # noqa: E402
 from ac2_core.models.store import ModelStore  # noqa: E402
-from ac2_core.stages import evaluate, generate_chunks, inprocess, score_chunks  # noqa: E402
+from ac2_core.stages import evaluate, generate_chunks, inprocess  # noqa: E402
 from ac2_core.stages.layout import STAGES, RunLayout  # noqa: E402
 from ac2_core.training.torch_backend import Trainer  # noqa: E402
 
@@ -130,13 +131,14 @@ class StageClock:
         sampling = [(m, "generate_for" if hasattr(m, "generate_for") else "generate") for m in (generate_chunks, evaluate)]
         saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in targets]
         saved += [(m, name, getattr(m, name)) for m, name in sampling]
-        saved.append((score_chunks, "score_inputs", score_chunks.score_inputs))
+        # score_chunks imports it from its module when it runs, so it is wrapped there
+        saved.append((scoring, "score_inputs", scoring.score_inputs))
         try:
             for owner, name, kind in targets:
                 setattr(owner, name, self._timed(kind, getattr(owner, name)))
             for m, name in sampling:
                 setattr(m, name, self._counting_generate(getattr(m, name)))
-            score_chunks.score_inputs = self._counting_scores(score_chunks.score_inputs)
+            scoring.score_inputs = self._counting_scores(scoring.score_inputs)
             yield self
         finally:
             for owner, name, original in saved:
