@@ -51,12 +51,15 @@ def sampled_score(model, tok, rows: list[dict], *, task: TaskConfig, max_tokens:
     return sum(rewards) / len(rewards) if rewards else 0.0  # nothing graded: the target is not shown to be reached
 
 
-def _initial_actor(cfg: AC2Config, rows: list[dict], log: Callable[[str], None]):
+def _initial_actor(cfg: AC2Config, rows: list[dict], device: torch.device, log: Callable[[str], None]):
+    """The actor on ``device``, warm-started there."""
     if cfg.model.source == "pretrained":
         local = storage.local_model_dir(cfg.model.path, kind="actor") if storage.exists(cfg.model.path) else cfg.model.path
-        return load_model(local, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
+        model, tok = load_model(local, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
+        return model.to(device), tok
     tok = build_tokenizer(r["prompt"] + (r["solution"] or "") for r in rows)
-    model = build_tiny_model(tok, cfg.model.tiny, seed=cfg.seed)
+    # initialised on the CPU whatever the device, so a seed gives the same initial weights everywhere
+    model = build_tiny_model(tok, cfg.model.tiny, seed=cfg.seed).to(device)
     ws = cfg.warm_start
     if ws.max_steps == 0:
         return model, tok
@@ -133,12 +136,13 @@ def bootstrap(
     table = problems_for(cfg.task)
     if table.num_rows == 0:
         raise ValueError("the task produced an empty problem set")
+    store = ModelStore(cfg)
+    device = store.device  # an absent cuda is an error before any model is built
     with torch.random.fork_rng():  # leave the caller's global RNG untouched
         torch.manual_seed(cfg.seed)
-        model, tok = _initial_actor(cfg, table.to_pylist(), log)
+        model, tok = _initial_actor(cfg, table.to_pylist(), device, log)
     rows = table.to_pylist()
     key = cfg.bootstrap_hash()  # bootstraps are shared by runs that agree on these fields
-    store = ModelStore(cfg)
     problems_hash = storage.write_table(problems, table, kind="problems", stage=STAGE, config_hash=key).content_hash
     actor_hash = store.save(actor, Checkpoint("actor", model, tok, 0), stage=STAGE, config_hash=key)
     critic_ckpt = Checkpoint("critic", Critic.from_actor(model, seed=cfg.seed), tok, 0)

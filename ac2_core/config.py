@@ -49,6 +49,9 @@ class ModelConfig(_Section):
     path: str | None = Field(None, description="local path or URI of an HF model directory (source=pretrained)")
     tiny: TinyModelConfig = TinyModelConfig()
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="parameter dtype; float32 on CPU")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="where models run: auto (cuda when this machine has it, else cpu), cpu, or cuda (an error without it)"
+    )
     trust_remote_code: bool = Field(False, description="allow model code from the checkpoint; off unless asked for")
 
     @model_validator(mode="after")
@@ -473,8 +476,10 @@ class AC2Config(_Section):
 
     def config_hash(self) -> str:
         """sha256 of the canonical JSON form: identical configs hash identically."""
-        # storage and cluster say where artifacts live and where stages run, not what they compute: not hashed
-        canonical = json.dumps(self.model_dump(mode="json", exclude={"storage", "cluster"}), sort_keys=True, separators=(",", ":"))
+        # storage, cluster and model.device say where artifacts live and where stages run, not what they
+        # compute: not hashed. (One config serves a pipeline's GPU and CPU tasks alike: device auto.)
+        where = {"storage": True, "cluster": True, "model": {"device"}}
+        canonical = json.dumps(self.model_dump(mode="json", exclude=where), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     def bootstrap_hash(self) -> str:
@@ -485,7 +490,7 @@ class AC2Config(_Section):
         """
         part = {
             "seed": self.seed,
-            "model": self.model.model_dump(mode="json"),
+            "model": self.model.model_dump(mode="json", exclude={"device"}),
             "task": self.task.model_dump(mode="json"),
             "warm_start": self.warm_start.model_dump(mode="json"),
             "eval": self.eval.model_dump(mode="json"),

@@ -4,6 +4,11 @@ A small sampling loop over the model's forward with a KV cache, rather than
 ``model.generate``: it gives exact behaviour log-probs under the sampling temperature,
 a seeded ``torch.Generator`` per batch (no global RNG), and rows that stop at their own
 budget. Contexts are token ids and are never re-tokenized.
+
+It runs where the model is: batches are built on the model's device, sampled there with
+a generator on that device, and only the finished rows come back to the CPU. A seed
+gives the same samples on every rerun on one kind of device; CPU and CUDA generators are
+different algorithms, so a seed's samples differ between the two.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ def generate(
     rows.sort(key=lambda r: (budgets[r[0]], r[0], r[1]))
     out: list[list[Sample | None]] = [[None] * n for _ in contexts]
     done = 0
+    device = next(model.parameters()).device
     for b, start in enumerate(range(0, len(rows), batch_size)):
         batch = rows[start : start + batch_size]
         samples = _decode_batch(
@@ -64,7 +70,7 @@ def generate(
             max(budgets[p] for p, _ in batch),
             eos_id=eos_id,
             pad_id=pad_id,
-            generator=torch.Generator().manual_seed(_seed_for(seed, b)),
+            generator=torch.Generator(device=device).manual_seed(_seed_for(seed, b)),
             temperature=temperature,
             greedy=greedy,
         )
@@ -94,10 +100,10 @@ def _decode_batch(model, contexts, budget, *, eos_id, pad_id, generator, tempera
     input_ids, mask = input_ids.to(device), mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()
-    tokens = torch.zeros((B, budget), dtype=torch.long)
-    logps = torch.zeros((B, budget), dtype=torch.float32)
-    lengths = torch.full((B,), budget, dtype=torch.long)
-    alive = torch.ones(B, dtype=torch.bool)
+    tokens = torch.zeros((B, budget), dtype=torch.long, device=device)
+    logps = torch.zeros((B, budget), dtype=torch.float32, device=device)
+    lengths = torch.full((B,), budget, dtype=torch.long, device=device)
+    alive = torch.ones(B, dtype=torch.bool, device=device)
     step_ids, step_pos = input_ids, positions
     for t in range(budget):
         logits = (
@@ -111,7 +117,6 @@ def _decode_batch(model, contexts, budget, *, eos_id, pad_id, generator, tempera
             )
             .logits[:, -1, :]
             .float()
-            .cpu()
         )
         logprobs = torch.log_softmax(logits / temperature, dim=-1)
         if greedy:
@@ -125,9 +130,10 @@ def _decode_batch(model, contexts, budget, *, eos_id, pad_id, generator, tempera
         alive &= ~stopped
         if not alive.any():
             break
-        step_ids = torch.where(alive, nxt, torch.full_like(nxt, pad_id)).to(device)[:, None]
-        mask = torch.cat([mask, alive.to(device, torch.long)[:, None]], dim=1)
+        step_ids = torch.where(alive, nxt, torch.full_like(nxt, pad_id))[:, None]
+        mask = torch.cat([mask, alive.long()[:, None]], dim=1)
         step_pos = step_pos[:, -1:] + 1
+    tokens, logps, lengths, alive = tokens.cpu(), logps.cpu(), lengths.cpu(), alive.cpu()
     samples = []
     for i in range(B):
         k = int(lengths[i])

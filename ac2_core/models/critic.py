@@ -38,7 +38,7 @@ class Critic(nn.Module):
         self.backbone = backbone
         # Kept in float32 whatever the backbone's dtype: one matmul, and V near 0 or 1
         # needs the precision.
-        self.value_head = value_head.to(torch.float32)
+        self.value_head = value_head.to(device=backbone.device, dtype=torch.float32)
 
     @classmethod
     def from_actor(cls, actor: PreTrainedModel, *, seed: int) -> Critic:

@@ -5,6 +5,7 @@ the optimizer state (``training.optim_state``) and ``ac2_state.json`` with the v
 Under ``kfp`` every stage is a new process and loads from storage. The ``inprocess``
 runner passes one ``ModelStore(keep_in_memory=True)`` to all stages, so a model written
 by one stage is handed to the next without a reload; the files are written all the same.
+Every model it loads is put on ``model.device`` (``ModelStore.device``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,20 @@ class ModelStore:
         self.cfg = cfg
         self.keep_in_memory = keep_in_memory
         self._memory: dict[str, Checkpoint] = {}
+        self._device = None
+
+    @property
+    def device(self):
+        """``model.device`` resolved on this machine (a ``torch.device``); every loaded model is put there.
+
+        Resolved on first use, so a stage that needs no weights never imports torch.
+        ConfigError naming ``model.device`` when cuda is asked for and absent.
+        """
+        if self._device is None:
+            from ac2_core.models.device import resolve_device
+
+            self._device = resolve_device(self.cfg.model.device)
+        return self._device
 
     # ------------------------------------------------------------------ loading
 
@@ -72,6 +87,7 @@ class ModelStore:
         from ac2_core.models.critic import Critic
         from ac2_core.models.hf import load_model
 
+        device = self.device  # an absent cuda is an error before any weights are read
         folder = storage.local_model_dir(uri, kind=kind)
         version = int(json.loads((folder / STATE).read_text())["version"])
         match kind:
@@ -81,7 +97,8 @@ class ModelStore:
                 model, tok = Critic.load(folder, dtype=self.cfg.model.dtype)
             case _:
                 raise ValueError(f"unknown checkpoint kind {kind!r}")
-        return Checkpoint(kind, model, tok, version, source=folder)
+        # loaded on the CPU, then moved (a no-op on cpu); the critic's float32 head keeps its dtype
+        return Checkpoint(kind, model.to(device), tok, version, source=folder)
 
     def trainer(self, ckpt: Checkpoint) -> Trainer:
         """The checkpoint's optimizer, restored from its folder the first time."""
@@ -116,6 +133,8 @@ class ModelStore:
     def save(self, uri: str, ckpt: Checkpoint, *, stage: str, config_hash: str | None = None) -> str:
         """Publish ``ckpt`` at ``uri`` (weights, tokenizer, optimizer state, version)."""
         config_hash = config_hash or self.cfg.config_hash()
+        # Weights on a GPU need no copy here: safetensors moves each tensor to the CPU as it
+        # writes it, so the files are those a CPU run writes (and optimizer state is saved from .cpu()).
         with storage.publish_dir(uri, kind=ckpt.kind, stage=stage, config_hash=config_hash) as folder:
             if ckpt.kind == "actor":
                 from ac2_core.models.hf import save_model

@@ -224,6 +224,7 @@ def run(cfg: AC2Config, out_dir: str, *, log: Log = print, bootstrap_from: str |
 def _run(cfg: AC2Config, out_dir: str, log: Log, bootstrap_from: str | None) -> list[dict]:
     layout = RunLayout(out_dir)
     store = ModelStore(cfg, keep_in_memory=True)
+    log(f"models on {store.device} (model.device {cfg.model.device})")  # and an absent cuda fails here, before any work
     t_start = time.perf_counter()
     if not storage.exists(layout.bootstrap("metrics")):
         if bootstrap_from:

@@ -12,6 +12,7 @@ import torch
 
 from ac2_core.config import AC2Config
 from ac2_core.math import ppo_clip_loss
+from ac2_core.models.device import device_of
 from ac2_core.models.store import ModelStore
 from ac2_core.stages.common import Problems, prompt_ids, read
 
@@ -24,7 +25,8 @@ def trained_rows(advantages: list[dict]) -> list[dict]:
 
 
 def token_logprobs(model, contexts: list[list[int]], responses: list[list[int]], *, pad_id: int, temperature: float):
-    """Log-probs of each response token given its context: (B, T) plus a (B, T) mask."""
+    """Log-probs of each response token given its context: (B, T) plus a (B, T) mask, on the model's device."""
+    device = device_of(model)
     seqs = [c + r for c, r in zip(contexts, responses)]
     width = max(map(len, seqs))
     T = max(map(len, responses))
@@ -33,10 +35,11 @@ def token_logprobs(model, contexts: list[list[int]], responses: list[list[int]],
     for i, s in enumerate(seqs):
         ids[i, : len(s)] = torch.tensor(s)
         attn[i, : len(s)] = 1
+    ids, attn = ids.to(device), attn.to(device)  # built on the CPU, one copy per micro-batch
     logits = model(input_ids=ids, attention_mask=attn).logits.float()
     logp = torch.log_softmax(logits[:, :-1] / temperature, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-    out = torch.zeros((len(seqs), T))
-    mask = torch.zeros((len(seqs), T))
+    out = torch.zeros((len(seqs), T), device=device)
+    mask = torch.zeros((len(seqs), T), device=device)
     for i, (c, r) in enumerate(zip(contexts, responses)):
         # the token at position p is predicted by the logits at p - 1
         out[i, : len(r)] = logp[i, len(c) - 1 : len(c) - 1 + len(r)]
@@ -87,9 +90,10 @@ def run(
         contexts, responses, old, adv = zip(*mb)
         kw = dict(pad_id=tok.pad_token_id, temperature=cfg.rollout.temperature)
         lp, mask = token_logprobs(model, list(contexts), list(responses), **kw)
-        old_lp = torch.zeros_like(lp)
+        old_lp = torch.zeros(lp.shape)
         for i, o in enumerate(old):
             old_lp[i, : len(o)] = torch.tensor(o)
+        old_lp = old_lp.to(lp.device)
         ref_lp = None
         if ref_model is not None:
             with torch.no_grad():
@@ -97,7 +101,7 @@ def run(
         loss, stats = ppo_clip_loss(
             lp,
             old_lp,
-            torch.tensor(adv, dtype=torch.float32),
+            torch.tensor(adv, dtype=torch.float32, device=lp.device),
             mask,
             clip_low=cfg.actor.clip_low,
             clip_high=cfg.actor.clip_high,

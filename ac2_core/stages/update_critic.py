@@ -12,6 +12,7 @@ import torch
 
 from ac2_core.config import AC2Config
 from ac2_core.math import critic_bce_loss
+from ac2_core.models.device import device_of
 from ac2_core.models.store import ModelStore
 from ac2_core.stages.common import Problems, read, rng_for
 from ac2_core.stages.critic_io import CriticInputs
@@ -69,15 +70,16 @@ def run(
 
     def loss_fn(model, part):
         mb, total_weight = part
+        device = device_of(model)
         width = max(len(x) for x, _, _ in mb)
         ids = torch.full((len(mb), width), pad, dtype=torch.long)
         attn = torch.zeros_like(ids)
         for i, (x, _, _) in enumerate(mb):
             ids[i, : len(x)] = torch.tensor(x)
             attn[i, : len(x)] = 1
-        logits = model(ids, attn)
-        targets = torch.tensor([t for _, t, _ in mb], dtype=torch.float32)
-        weights = torch.tensor([w for _, _, w in mb], dtype=torch.float32)
+        logits = model(ids.to(device), attn.to(device))
+        targets = torch.tensor([t for _, t, _ in mb], dtype=torch.float32, device=device)
+        weights = torch.tensor([w for _, _, w in mb], dtype=torch.float32, device=device)
         share = float(weights.sum()) / total_weight  # micro-batch losses sum to the step's weighted mean
         return critic_bce_loss(logits, targets, weights) * share, {}
 

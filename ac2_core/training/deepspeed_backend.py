@@ -80,6 +80,7 @@ class Trainer:
         if zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"training.zero_stage: expected 0, 1, 2 or 3, found {zero_stage}")
         deepspeed = _import_deepspeed()
+        _check_same_device(model, deepspeed.accelerator.get_accelerator().device_name())
         init_distributed()
         self.model = model
         self.lr = lr
@@ -217,6 +218,18 @@ class Trainer:
                     raise ValueError(f"{folder / TENSORS}: no {key} for parameter {name}")
                 deepspeed.utils.safe_set_full_optimizer_state(p, value.to(torch.float32), key)
         return True
+
+
+def _check_same_device(model: torch.nn.Module, accelerator: str) -> None:
+    """DeepSpeed moves the module it trains to its own accelerator (cuda when it sees one), which
+    would leave ac2's model and the trained copy on different devices: refuse that up front."""
+    found = next(model.parameters()).device.type
+    if found != accelerator:
+        raise ValueError(
+            f"training.backend deepspeed trains on its accelerator ({accelerator}) but the model is on {found}:"
+            f" set model.device to {accelerator if accelerator in ('cpu', 'cuda') else 'auto'}"
+            f" (or select DeepSpeed's accelerator with DS_ACCELERATOR={found})"
+        )
 
 
 def _shape(p: torch.nn.Parameter) -> torch.Size:
