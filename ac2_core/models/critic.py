@@ -73,7 +73,9 @@ class Critic(nn.Module):
         T = attention_mask.shape[1]
         last = T - 1 - attention_mask.flip(dims=[1]).long().argmax(dim=1)  # (B,) last attended index
         pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]  # (B, H)
-        return self.value_head(pooled.to(torch.float32)).squeeze(-1)
+        # the head's own dtype: float32, except under DeepSpeed bf16, which casts every parameter it trains
+        head = self.value_head
+        return head(pooled.to(head.weight.dtype)).squeeze(-1).float()
 
     def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """V(x, s; ref): (B,) in (0, 1)."""

@@ -6,6 +6,7 @@ compiles DeepSpeed's CPU communication op (20 s to 2 min here); later runs load 
 
 from __future__ import annotations
 
+import math
 import shutil
 import sys
 
@@ -194,3 +195,24 @@ def test_inprocess_run_on_deepspeed_matches_torch(_bootstrap_dir, tmp_path):
         assert {float(t) for k, t in state.items() if k.endswith("::step")} == {2.0 * cfg.critic.steps_per_iteration}
     for kind in ("actor", "critic"):
         _assert_close_params(finals["deepspeed"][kind], finals["torch"][kind])
+
+
+def test_a_bf16_critic_trains_though_deepspeed_casts_its_float32_head(tokenizer):
+    # DeepSpeed bf16 casts every parameter it trains, the critic's float32 value head too;
+    # the critic's forward must then feed the head in the head's dtype (the GPU path, bf16).
+    from ac2_core.models.critic import Critic
+
+    critic = Critic.from_actor(build_tiny_model(tokenizer, SMALL, seed=0).to(torch.bfloat16), seed=0)
+    ids = _batches(tokenizer, 0)[0]  # two different rows
+    targets = torch.tensor([0.0, 1.0])
+
+    def loss_fn(model, _):
+        logits = model(ids, torch.ones_like(ids))
+        assert logits.dtype == torch.float32
+        return torch.nn.functional.binary_cross_entropy_with_logits(logits, targets), {}
+
+    trainer = deepspeed_backend.Trainer(critic, **HYPER, zero_stage=2)
+    stats = trainer.step([None], loss_fn)
+    assert stats["loss"] == pytest.approx(math.log(2), rel=1e-3)  # V = 0.5 from the zero head
+    assert stats["grad_norm"] > 0
+    assert critic.value_head.weight.abs().sum() > 0  # the head moved off zero
