@@ -9,8 +9,8 @@ Run on a GPU machine with ``pytest -q -s tests/gpu``; ``-s`` shows the measured 
 - the vllm backend (when a CUDA build of vLLM is importable) against hf recomputed
   log-probs.
 
-The stages themselves build their batches on the CPU, so these checks call the backends
-directly with inputs on the model's device.
+These checks call the backends directly with inputs on the model's device; the stages
+themselves run on CUDA in ``test_gpu_iteration.py`` (one AC2 iteration, ``model.device``).
 """
 
 from __future__ import annotations
