@@ -60,6 +60,7 @@ from ac2_core.stages import inprocess  # noqa: E402
 from ac2_core.stages.common import prompt_ids  # noqa: E402
 from ac2_core.stages.layout import RunLayout  # noqa: E402
 from ac2_core.tasks import grade  # noqa: E402
+from bench._results import publish  # noqa: E402
 from bench.stage_throughput import IO_KINDS, StageClock  # noqa: E402
 
 TOY = ROOT / "pipelines" / "configs" / "toy.yaml"
@@ -375,11 +376,7 @@ def main() -> None:
     trl_side = TrlSide(cfg, layout, work, max_steps=args.steps, ac2=ac2, seed=args.seed)
     trl_side.train()
     text = report(args, cfg, ac2, trl_side, load, started)
-    print("\n" + text)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(text)
-    print(f"wrote {RESULTS}")
-    print(f"reproduce: {text.split('Reproduce: `')[1].split('`')[0]}")
+    publish(text, RESULTS)
 
 
 if __name__ == "__main__":

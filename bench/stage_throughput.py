@@ -56,6 +56,7 @@ from ac2_core.models.store import ModelStore  # noqa: E402
 from ac2_core.stages import evaluate, generate_chunks, inprocess  # noqa: E402
 from ac2_core.stages.layout import STAGES, RunLayout  # noqa: E402
 from ac2_core.training.torch_backend import Trainer  # noqa: E402
+from bench._results import publish  # noqa: E402
 
 TOY = ROOT / "pipelines" / "configs" / "toy.yaml"
 RESULTS = ROOT / "bench" / "results" / "stage_throughput.md"
@@ -442,11 +443,7 @@ def main() -> None:
         else vllm_generation(cfg, RunLayout(str(work / "memory")), iterations=args.iterations, warmup=args.warmup)
     )
     text = report(args, cfg, results, vllm, load, started)
-    print("\n" + text)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(text)
-    print(f"wrote {RESULTS}")
-    print(f"reproduce: {text.split('Reproduce: `')[1].split('`')[0]}")
+    publish(text, RESULTS)
 
 
 if __name__ == "__main__":
