@@ -33,6 +33,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ac2_core.training.optim_state import GROUPS, TENSORS, load_optimizer, save_optimizer
+from ac2_core.training.schedule import WarmupFromOptimizerState
 
 INSTALL_HINT = "training.backend is 'deepspeed' but DeepSpeed is not installed: pip install 'ac2[deepspeed]'"
 ADAM_KEYS = ("exp_avg", "exp_avg_sq")
@@ -65,7 +66,7 @@ def init_distributed() -> None:
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
 
 
-class Trainer:
+class Trainer(WarmupFromOptimizerState):
     def __init__(
         self,
         model: torch.nn.Module,
@@ -132,19 +133,6 @@ class Trainer:
         if self.zero_stage == 3:
             self._copy_weights_back()
         return totals | {"grad_norm": float(grad_norm)}
-
-    @property
-    def steps_taken(self) -> int:
-        """Optimizer steps so far, read from AdamW's own state (so it survives a checkpoint)."""
-        for state in self.optimizer.state.values():
-            return int(state["step"])
-        return 0
-
-    def current_lr(self) -> float:
-        """Linear warm-up over ``warmup_steps``, as in the torch backend."""
-        if self.warmup_steps <= 0:
-            return self.lr
-        return self.lr * min(1.0, (self.steps_taken + 1) / self.warmup_steps)
 
     # ------------------------------------------------------------ weights
 

@@ -14,12 +14,11 @@ from pathlib import Path
 import torch
 
 from ac2_core.training.optim_state import load_optimizer, save_optimizer
+from ac2_core.training.schedule import WarmupFromOptimizerState
 
 
-class Trainer:
-    def __init__(
-        self, model: torch.nn.Module, *, lr: float, weight_decay: float, max_grad_norm: float, warmup_steps: int = 0
-    ):
+class Trainer(WarmupFromOptimizerState):
+    def __init__(self, model: torch.nn.Module, *, lr: float, weight_decay: float, max_grad_norm: float, warmup_steps: int = 0):
         self.model = model
         self.lr = lr
         self.warmup_steps = warmup_steps
@@ -44,20 +43,6 @@ class Trainer:
         self.optimizer.step()
         self.model.eval()
         return totals | {"grad_norm": float(grad_norm)}
-
-    @property
-    def steps_taken(self) -> int:
-        """Optimizer steps so far, read from AdamW's own state (so it survives a checkpoint)."""
-        for state in self.optimizer.state.values():
-            return int(state["step"])
-        return 0
-
-    def current_lr(self) -> float:
-        """Linear warm-up over ``warmup_steps``: Adam's first, bias-corrected steps move every
-        weight by about ``lr`` whatever its gradient, which shakes a warm-started policy."""
-        if self.warmup_steps <= 0:
-            return self.lr
-        return self.lr * min(1.0, (self.steps_taken + 1) / self.warmup_steps)
 
     def save(self, folder: Path) -> None:
         save_optimizer(self.optimizer, self.model, folder)
