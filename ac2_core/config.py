@@ -195,7 +195,9 @@ class RolloutConfig(_Section):
     max_response_tokens: int = Field(96, ge=1, description="budget of a full answer (full mode)")
     prefixes_per_problem: int = Field(2, ge=1, description="k: prefixes per ready problem in chunk mode")
     probe_fraction: float = Field(0.25, ge=0, le=1, description="share of ready problems kept in full mode as readiness probes")
-    revisit_fraction: float = Field(0.5, ge=0, le=1, description="share of each iteration's problems drawn from problems with replay")
+    revisit_fraction: float = Field(
+        0.5, ge=0, le=1, description="share of each iteration's problems drawn from problems with replay"
+    )
     temperature: float = Field(1.0, gt=0, description="sampling temperature (behaviour log-probs are taken under it)")
     skip_solved_groups: int = Field(
         0, ge=0, description="skip problems whose last this many full groups were all solved (0: never; a GRPO baseline)"
@@ -212,7 +214,9 @@ class RolloutConfig(_Section):
 
 class ReplayConfig(_Section):
     max_trajectories_per_problem: int = Field(16, ge=1, description="bound on the replay kept per problem (newest kept)")
-    success_threshold: float = Field(1.0, gt=0, le=1, description="reward at which a finished trajectory can serve as a reference solution")
+    success_threshold: float = Field(
+        1.0, gt=0, le=1, description="reward at which a finished trajectory can serve as a reference solution"
+    )
 
 
 class ReadinessConfig(_Section):
@@ -509,7 +513,7 @@ def _format_errors(err: ValidationError, origin: str) -> str:
         match e["type"]:
             case "extra_forbidden":
                 lines.append(f"  {field}: unknown key")
-            case "value_error" if (m := re.match(r"Value error, ([\w.]+) (.*)", e["msg"], re.S)):
+            case "value_error" if m := re.match(r"Value error, ([\w.]+) (.*)", e["msg"], re.S):
                 # a cross-field check of a section: its message starts with the field to change
                 name = f"{field}.{m.group(1)}" if e["loc"] else m.group(1)
                 lines.append(f"  {name}: {m.group(1)} {m.group(2)}")

@@ -24,8 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import re
+import resource
 import subprocess
 import sys
 import tempfile

@@ -57,7 +57,9 @@ def cmd_run(args) -> int:
     out = args.out or f"runs/{cfg.run_id}"
     remote = "://" in out and not out.startswith("file://")
     if remote and args.runner == "kfp":
-        raise ValueError(f"--out {out}: kfp.local keeps its pipeline root on local disk; use --runner inprocess for object storage")
+        raise ValueError(
+            f"--out {out}: kfp.local keeps its pipeline root on local disk; use --runner inprocess for object storage"
+        )
     _log(f"config {args.config} ok (hash {cfg.config_hash()[:12]}), algorithm {cfg.algorithm}, runner {args.runner}, out {out}")
     match args.runner:
         case "inprocess":

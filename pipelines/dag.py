@@ -22,8 +22,9 @@ previous critic (for grpo, the bootstrap critic, which it does not read) and
 On a cluster, the ``cluster`` section of the config (``ac2_core.config.ClusterConfig``)
 decides what each task asks Kubernetes for: GPUs, the GPU image, CPU and memory, node
 selectors, tolerations, a memory-backed ``/dev/shm``, the S3 credentials Secret and, for
-the grading tasks, the rubric judge's API key Secret, all through kfp-kubernetes. ``build_pipelines(cluster)`` applies them at compile time;
-``bootstrap_pipeline`` and ``iteration_pipeline`` are built with the defaults, which add
+the grading tasks, the rubric judge's API key Secret, all through kfp-kubernetes.
+``build_pipelines(cluster)`` applies them at compile time; ``bootstrap_pipeline`` and
+``iteration_pipeline`` are built with the defaults, which add
 nothing (kfp.local would ignore them anyway).
 
 No ``from __future__ import annotations`` here: KFP reads the real annotations.

@@ -49,8 +49,7 @@ def group_advantages(
     """
     if targets.dim() != 1 or group_ids.shape != targets.shape:
         raise ValueError(
-            f"targets and group_ids must both be (B,); got targets {tuple(targets.shape)}, "
-            f"group_ids {tuple(group_ids.shape)}"
+            f"targets and group_ids must both be (B,); got targets {tuple(targets.shape)}, group_ids {tuple(group_ids.shape)}"
         )
     if not targets.is_floating_point():
         targets = targets.to(torch.float32)
@@ -74,10 +73,7 @@ def group_advantages(
             if values_start is None:
                 raise ValueError("baseline='critic' needs values_start (B,); got None")
             if values_start.shape != targets.shape:
-                raise ValueError(
-                    f"values_start must be (B,) = {tuple(targets.shape)}; "
-                    f"got {tuple(values_start.shape)}"
-                )
+                raise ValueError(f"values_start must be (B,) = {tuple(targets.shape)}; got {tuple(values_start.shape)}")
             # The critic's V(x, s) is a baseline that depends only on the state.
             baselines = values_start.to(targets.dtype)
         case _:
@@ -111,9 +107,7 @@ def grpo_advantages(
     Returns:
         advantages: (B,) float.
     """
-    advantages, _ = group_advantages(
-        rewards, group_ids, baseline="mean", scale_std=scale_std, eps=eps
-    )
+    advantages, _ = group_advantages(rewards, group_ids, baseline="mean", scale_std=scale_std, eps=eps)
     return advantages
 
 
@@ -135,6 +129,4 @@ def gate_weights(target_from_critic: torch.Tensor, problem_ready: torch.Tensor) 
 
 def _group_sum(values: torch.Tensor, inverse: torch.Tensor, n_groups: int) -> torch.Tensor:
     """Sum `values` (B,) into (n_groups,) by the group index `inverse` (B,)."""
-    return torch.zeros(n_groups, dtype=values.dtype, device=values.device).index_add_(
-        0, inverse, values
-    )
+    return torch.zeros(n_groups, dtype=values.dtype, device=values.device).index_add_(0, inverse, values)

@@ -30,9 +30,7 @@ def decode_flops(*, n_params: int, n_layers: int, d_attn: int, start: int, n_tok
     return _span_flops(n_params, n_layers, d_attn, start, n_tokens)
 
 
-def prefill_flops(
-    *, n_params: int, n_layers: int, d_attn: int, n_tokens: int, start: int = 0
-) -> int:
+def prefill_flops(*, n_params: int, n_layers: int, d_attn: int, n_tokens: int, start: int = 0) -> int:
     """FLOPs of one forward pass over the tokens at positions `start .. start + n_tokens - 1`.
 
     Args:
@@ -45,9 +43,7 @@ def prefill_flops(
     return _span_flops(n_params, n_layers, d_attn, start, n_tokens)
 
 
-def critic_flops(
-    *, n_params: int, n_layers: int, d_attn: int, n_tokens: int, start: int = 0
-) -> int:
+def critic_flops(*, n_params: int, n_layers: int, d_attn: int, n_tokens: int, start: int = 0) -> int:
     """FLOPs of one critic forward pass over `n_tokens` tokens (a prefill of the critic).
 
     Counted apart from the actor's prefill so that the critic's cost shows on its own.
@@ -69,9 +65,7 @@ def count_non_embedding_params(model: torch.nn.Module) -> int:
     weights are counted once by `named_parameters`.
     """
     return sum(
-        p.numel()
-        for name, p in model.named_parameters()
-        if "embed_tokens" not in name and "lm_head" not in name.split(".")
+        p.numel() for name, p in model.named_parameters() if "embed_tokens" not in name and "lm_head" not in name.split(".")
     )
 
 

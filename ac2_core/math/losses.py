@@ -64,14 +64,9 @@ def ppo_clip_loss(
             f"{tuple(old_logprobs.shape)}, {tuple(mask.shape)}"
         )
     if advantages.shape != logprobs.shape[:1]:
-        raise ValueError(
-            f"advantages must be (B,) = ({logprobs.shape[0]},); got {tuple(advantages.shape)}"
-        )
+        raise ValueError(f"advantages must be (B,) = ({logprobs.shape[0]},); got {tuple(advantages.shape)}")
     if not 0.0 <= clip_low < 1.0 or clip_high < 0.0:
-        raise ValueError(
-            f"need 0 <= clip_low < 1 and clip_high >= 0; got clip_low={clip_low}, "
-            f"clip_high={clip_high}"
-        )
+        raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0; got clip_low={clip_low}, clip_high={clip_high}")
     if kl_beta < 0.0:
         raise ValueError(f"kl_beta must be >= 0; got {kl_beta}")
     if kl_beta > 0.0 and ref_logprobs is None:
@@ -128,13 +123,8 @@ def critic_bce_loss(
             so callers can call `backward()` unconditionally.
     """
     if logits.dim() != 1 or targets.shape != logits.shape:
-        raise ValueError(
-            f"logits and targets must both be (B,); got {tuple(logits.shape)}, "
-            f"{tuple(targets.shape)}"
-        )
-    per_row = F.binary_cross_entropy_with_logits(
-        logits, targets.to(logits.dtype), reduction="none"
-    )
+        raise ValueError(f"logits and targets must both be (B,); got {tuple(logits.shape)}, {tuple(targets.shape)}")
+    per_row = F.binary_cross_entropy_with_logits(logits, targets.to(logits.dtype), reduction="none")
     if weights is None:
         weights = torch.ones_like(per_row)
     elif weights.shape != logits.shape:

@@ -156,12 +156,7 @@ def is_ready(
     # DESIGN.md sections 2 and 7: on always-fail (or always-succeed) problems a critic
     # is "calibrated" by memorising the base rate, and its targets carry no signal.
     mixed = bool((o >= 0.5).any() and (o < 0.5).any())
-    ready = (
-        o.size >= min_pairs
-        and not math.isnan(error)
-        and error <= max_error
-        and (mixed or not require_mixed_outcomes)
-    )
+    ready = o.size >= min_pairs and not math.isnan(error) and error <= max_error and (mixed or not require_mixed_outcomes)
     return bool(ready), error
 
 
@@ -169,9 +164,7 @@ def _pairs(predictions: Any, outcomes: Any) -> tuple[np.ndarray, np.ndarray]:
     """Convert both inputs to float64 (N,) arrays and check they match."""
     p, o = _as_array(predictions), _as_array(outcomes)
     if p.ndim != 1 or p.shape != o.shape:
-        raise ValueError(
-            f"predictions and outcomes must both be (N,); got {p.shape} and {o.shape}"
-        )
+        raise ValueError(f"predictions and outcomes must both be (N,); got {p.shape} and {o.shape}")
     return p, o
 
 

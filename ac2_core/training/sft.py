@@ -40,13 +40,9 @@ def sft_warm_start(
     one history entry ``{"step", "loss", "score"}`` per report. The model ends in eval mode.
     """
     if len(prompts) != len(solutions) or not prompts:
-        raise ValueError(
-            f"prompts and solutions: expected equal non-zero lengths, found {len(prompts)} and {len(solutions)}"
-        )
+        raise ValueError(f"prompts and solutions: expected equal non-zero lengths, found {len(prompts)} and {len(solutions)}")
     if steps < 0 or batch_size < 1 or eval_every < 1:
-        raise ValueError(
-            f"expected steps >= 0, batch_size >= 1, eval_every >= 1; found {steps}, {batch_size}, {eval_every}"
-        )
+        raise ValueError(f"expected steps >= 0, batch_size >= 1, eval_every >= 1; found {steps}, {batch_size}, {eval_every}")
     examples = [_example(tokenizer, p, s) for p, s in zip(prompts, solutions)]
     device = next(model.parameters()).device
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)

@@ -68,9 +68,7 @@ def test_problems_for_default_config():
     cfg = TaskConfig(train_size=64, val_size=8)
     table = problems_for(cfg)
     assert table.num_rows == 72
-    assert table.equals(
-        generate_problems(n_terms=6, max_value=99, train_size=64, val_size=8, seed=cfg.seed)
-    )
+    assert table.equals(generate_problems(n_terms=6, max_value=99, train_size=64, val_size=8, seed=cfg.seed))
 
 
 @pytest.mark.parametrize(

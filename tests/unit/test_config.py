@@ -64,7 +64,10 @@ def test_unknown_key_names_the_dotted_field(data, field):
         ),
         ({"readiness": {"min_pairs": 40, "window": 32}}, ["readiness.min_pairs:", "min_pairs (40) must not exceed window (32)"]),
         ({"model": {"source": "pretrained"}}, ["model.path:", "required when source is pretrained"]),
-        ({"model": {"tiny": {"num_heads": 3, "num_kv_heads": 2}}}, ["model.tiny.num_heads:", "num_heads (3)", "num_kv_heads (2)"]),
+        (
+            {"model": {"tiny": {"num_heads": 3, "num_kv_heads": 2}}},
+            ["model.tiny.num_heads:", "num_heads (3)", "num_kv_heads (2)"],
+        ),
     ],
 )
 def test_out_of_range_values_name_the_field(data, expected):

@@ -92,10 +92,7 @@ def test_ppo_global_normalizer_makes_micro_batches_sum_to_full_loss():
     # row 0 (A=1): -(1.1 + 0.9) = -2.0; row 1 (A=-1): 1.1 + 0.9 + 1.0 = 3.0; 5 tokens
     # full = (-2.0 + 3.0) / 5 = 0.2
     assert_close(full, scalar(0.2))
-    halves = [
-        ppo_clip_loss(lp[i : i + 1], old[i : i + 1], adv[i : i + 1], mask[i : i + 1], normalizer=5)[0]
-        for i in (0, 1)
-    ]
+    halves = [ppo_clip_loss(lp[i : i + 1], old[i : i + 1], adv[i : i + 1], mask[i : i + 1], normalizer=5)[0] for i in (0, 1)]
     # -2.0 / 5 = -0.4 and 3.0 / 5 = 0.6, summing to 0.2 (each half's own mean would be -1 and 1)
     assert_close(halves[0], scalar(-0.4))
     assert_close(halves[1], scalar(0.6))

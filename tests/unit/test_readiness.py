@@ -109,7 +109,5 @@ def test_is_ready_error_above_max_or_nan():
     assert is_ready(pred, out, metric="brier_ratio", min_pairs=4, max_error=0.5) == (True, approx(0.4))
     assert is_ready(pred, out, metric="brier_ratio", min_pairs=4, max_error=0.3) == (False, approx(0.4))
     # one-class window: brier ratio is nan -> never ready, even without the mixed requirement
-    ready, error = is_ready(
-        [0.9, 0.9], [1, 1], metric="brier_ratio", min_pairs=1, max_error=1.0, require_mixed_outcomes=False
-    )
+    ready, error = is_ready([0.9, 0.9], [1, 1], metric="brier_ratio", min_pairs=1, max_error=1.0, require_mixed_outcomes=False)
     assert ready is False and math.isnan(error)
