@@ -60,7 +60,7 @@ from ac2_core.stages import inprocess  # noqa: E402
 from ac2_core.stages.common import prompt_ids  # noqa: E402
 from ac2_core.stages.layout import RunLayout  # noqa: E402
 from ac2_core.tasks import grade  # noqa: E402
-from bench._results import publish  # noqa: E402
+from bench._common import prepare_bootstrap, publish  # noqa: E402
 from bench.stage_throughput import IO_KINDS, StageClock  # noqa: E402
 
 TOY = ROOT / "pipelines" / "configs" / "toy.yaml"
@@ -365,12 +365,7 @@ def main() -> None:
     work = Path(args.out or tempfile.mkdtemp(prefix="ac2-peer-trl-")).resolve()
     print(f"work folder {work}; load average {load[0]:.2f}", flush=True)
     layout = RunLayout(str(work / "ac2"))
-    t0 = time.perf_counter()
-    if args.bootstrap_from:
-        inprocess.adopt_bootstrap(cfg, layout, args.bootstrap_from)
-    else:
-        inprocess.run_bootstrap(cfg, layout)
-    print(f"bootstrap (not measured): {time.perf_counter() - t0:.1f}s", flush=True)
+    prepare_bootstrap(cfg, layout, args.bootstrap_from)
 
     ac2 = Ac2Side(cfg, layout)
     trl_side = TrlSide(cfg, layout, work, max_steps=args.steps, ac2=ac2, seed=args.seed)

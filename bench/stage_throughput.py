@@ -56,7 +56,7 @@ from ac2_core.models.store import ModelStore  # noqa: E402
 from ac2_core.stages import evaluate, generate_chunks, inprocess  # noqa: E402
 from ac2_core.stages.layout import STAGES, RunLayout  # noqa: E402
 from ac2_core.training.torch_backend import Trainer  # noqa: E402
-from bench._results import publish  # noqa: E402
+from bench._common import prepare_bootstrap, publish  # noqa: E402
 
 TOY = ROOT / "pipelines" / "configs" / "toy.yaml"
 RESULTS = ROOT / "bench" / "results" / "stage_throughput.md"
@@ -423,12 +423,7 @@ def main() -> None:
     work = Path(args.out or tempfile.mkdtemp(prefix="ac2-stage-throughput-")).resolve()
     print(f"work folder {work}; load average {load[0]:.2f}", flush=True)
     base = RunLayout(str(work / "base"))
-    t0 = time.perf_counter()
-    if args.bootstrap_from:
-        inprocess.adopt_bootstrap(cfg, base, args.bootstrap_from)
-    else:
-        inprocess.run_bootstrap(cfg, base)
-    print(f"bootstrap (not measured): {time.perf_counter() - t0:.1f}s", flush=True)
+    prepare_bootstrap(cfg, base, args.bootstrap_from)
 
     results = {}
     for mode in modes:
