@@ -16,6 +16,25 @@ def publish(text: str, path: Path) -> None:
     print(f"reproduce: {text.split('Reproduce: `')[1].split('`')[0]}")
 
 
+def add_run_arguments(parser, *, bootstrap_help: str) -> None:
+    """The options every benchmark on the toy config takes: where its bootstrap and work go, and threads."""
+    parser.add_argument("--bootstrap-from", help=bootstrap_help)
+    parser.add_argument("--out", help="work folder (default: a temporary one)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch intra-op threads (default: torch's own). On a loaded machine use 1: OpenMP threads that spin while"
+        " waiting for a busy core made 2 threads 25x slower than 1 on this 2-core machine under load 7",
+    )
+
+
+def set_threads(threads: int | None) -> None:
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
 def prepare_bootstrap(cfg, layout, source: str | None) -> None:
     """Adopt ``source``'s bootstrap when given, else make one; either way not measured."""
     import time

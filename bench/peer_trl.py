@@ -60,7 +60,7 @@ from ac2_core.stages import inprocess  # noqa: E402
 from ac2_core.stages.common import prompt_ids  # noqa: E402
 from ac2_core.stages.layout import RunLayout  # noqa: E402
 from ac2_core.tasks import grade  # noqa: E402
-from bench._common import prepare_bootstrap, publish  # noqa: E402
+from bench._common import add_run_arguments, prepare_bootstrap, publish, set_threads  # noqa: E402
 from bench.stage_throughput import IO_KINDS, StageClock  # noqa: E402
 
 TOY = ROOT / "pipelines" / "configs" / "toy.yaml"
@@ -334,16 +334,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10, help="optimizer steps per side, warm-up included (default 10)")
     p.add_argument("--warmup", type=int, default=2, help="first steps of each side not counted (default 2)")
     p.add_argument("--problems", type=int, help="problems per step (default: the toy config's rollout.problems_per_iteration)")
-    p.add_argument(
-        "--bootstrap-from",
-        help="adopt this run folder's bootstrap (made with toy.yaml) instead of bootstrapping afresh (SFT, about 2 minutes)",
-    )
-    p.add_argument("--out", help="work folder (default: a temporary one)")
-    p.add_argument(
-        "--threads",
-        type=int,
-        help="torch intra-op threads (default: torch's own). On a loaded machine use 1: OpenMP threads that spin while"
-        " waiting for a busy core made 2 threads 25x slower than 1 on this 2-core machine under load 7",
+    add_run_arguments(
+        p,
+        bootstrap_help="adopt this run folder's bootstrap (made with toy.yaml) instead of bootstrapping afresh"
+        " (SFT, about 2 minutes)",
     )
     p.add_argument("--seed", type=int, default=0, help="TRL's seed (ac2's comes from the config)")
     args = p.parse_args()
@@ -356,10 +350,7 @@ def main() -> None:
             "bench/peer_trl.py needs trl: .venv/bin/pip install -e '.[bench]' (see bench/results/peer_trl.md)"
         ) from None
 
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     started, load = time.perf_counter(), os.getloadavg()
     cfg = ac2_config(args.problems)
     work = Path(args.out or tempfile.mkdtemp(prefix="ac2-peer-trl-")).resolve()

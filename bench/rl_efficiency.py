@@ -119,7 +119,7 @@ def run_seed(args: argparse.Namespace, seed: int) -> None:
             rec = _record(v, seed, it, metrics, results["seconds"], wall, cpu)
             with records.open("a") as f:
                 f.write(json.dumps(rec) + "\n")
-            inprocess._prune(cfg, layout, it)
+            inprocess.prune(cfg, layout, it)
             val = "  -  " if metrics["val_score"] is None else f"{metrics['val_score']:.3f}"
             print(
                 f"[seed {seed}] {v:<12} it {it:>3}  val {val}  ready {metrics['readiness_share']:.2f}"

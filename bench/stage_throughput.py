@@ -56,7 +56,7 @@ from ac2_core.models.store import ModelStore  # noqa: E402
 from ac2_core.stages import evaluate, generate_chunks, inprocess  # noqa: E402
 from ac2_core.stages.layout import STAGES, RunLayout  # noqa: E402
 from ac2_core.training.torch_backend import Trainer  # noqa: E402
-from bench._common import prepare_bootstrap, publish  # noqa: E402
+from bench._common import add_run_arguments, prepare_bootstrap, publish, set_threads  # noqa: E402
 
 TOY = ROOT / "pipelines" / "configs" / "toy.yaml"
 RESULTS = ROOT / "bench" / "results" / "stage_throughput.md"
@@ -393,17 +393,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--iterations", type=int, default=4, help="iterations per mode (default 4)")
     p.add_argument("--warmup", type=int, default=1, help="first iterations not counted (default 1)")
-    p.add_argument(
-        "--bootstrap-from",
-        help="adopt this run folder's bootstrap (made with toy.yaml, e.g. runs/toy after `make train`) instead of"
+    add_run_arguments(
+        p,
+        bootstrap_help="adopt this run folder's bootstrap (made with toy.yaml, e.g. runs/toy after `make train`) instead of"
         " bootstrapping afresh (SFT warm start, about 2 minutes)",
-    )
-    p.add_argument("--out", help="work folder (default: a temporary one)")
-    p.add_argument(
-        "--threads",
-        type=int,
-        help="torch intra-op threads (default: torch's own). On a loaded machine use 1: OpenMP threads that spin while"
-        " waiting for a busy core made 2 threads 25x slower than 1 on this 2-core machine under load 7",
     )
     p.add_argument("--no-vllm", action="store_true", help="skip the vllm generation measurement")
     p.add_argument("--modes", default="memory,fresh", help="memory, fresh, or both (default memory,fresh)")
@@ -414,10 +407,7 @@ def main() -> None:
     if not modes or set(modes) - {"memory", "fresh"}:
         p.error(f"--modes: expected memory and/or fresh, found {args.modes!r}")
 
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     started, load = time.perf_counter(), os.getloadavg()
     cfg = load_config(TOY, {**OVERRIDES, "run.iterations": args.iterations})
     work = Path(args.out or tempfile.mkdtemp(prefix="ac2-stage-throughput-")).resolve()

@@ -189,7 +189,7 @@ def completed_iterations(layout: RunLayout) -> int:
     return it
 
 
-def _prune(cfg: AC2Config, layout: RunLayout, it: int) -> None:
+def prune(cfg: AC2Config, layout: RunLayout, it: int) -> None:
     """Drop checkpoints older than the newest ``run.keep_models`` iterations (tables are kept)."""
     old = it - cfg.run.keep_models
     if old >= 1:
@@ -246,7 +246,7 @@ def _run(cfg: AC2Config, out_dir: str, log: Log, bootstrap_from: str | None) -> 
         run_iteration(cfg, layout, it, store)
         metrics = storage.read_rows(layout.output(it, "metrics"), kind="metrics")[-1]
         log(f"{format_row(metrics)}   {time.perf_counter() - t0:5.1f}s")
-        _prune(cfg, layout, it)
+        prune(cfg, layout, it)
     rows = storage.read_rows(layout.output(cfg.run.iterations, "metrics"), kind="metrics")
     log(f"done in {time.perf_counter() - t_start:.0f}s: {out_dir}")
     return rows

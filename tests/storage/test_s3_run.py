@@ -74,7 +74,7 @@ def test_two_iterations_with_every_artifact_on_s3_and_a_stage_rerun_gives_the_sa
 
     with storage.using(cfg.storage):
         # The runner's pruning removes a checkpoint from S3 entirely.
-        inprocess._prune(tiny_config(run__keep_models=1), layout, 2)
+        inprocess.prune(tiny_config(run__keep_models=1), layout, 2)
     for name in ("actor", "critic"):
         assert not storage.exists(layout.output(1, name))
         assert s3.objects(layout.output(1, name)) == []
