@@ -3,18 +3,21 @@ stage function (process start, imports, kfp's executor, artifact bookkeeping).
 
     nice -n 5 .venv/bin/python bench/kfp_overhead.py [--config toy|tiny] [--out DIR]
 
-Bootstraps once (not measured), then runs one iteration through kfp.local and the same
-iteration through the inprocess runner on the same artifacts. For each task:
+Bootstraps once (not measured), then runs the same first iteration on the same artifacts
+three ways: through kfp.local with cold tasks (every task imports the stage code itself,
+as on a cluster), through kfp.local with the warm task host (``pipelines.taskhost``, the
+default of ``ac2 run``), and through the inprocess runner. For each task:
 
     wall      from kfp.local's "Executing task" to "finished" log lines (ms resolution)
     stage     ``stage_seconds`` its component wrote into the output metadata
     overhead  wall - stage
     imports   a fresh ``python -c "import kfp.dsl.executor_main, components.io, <stage module>"``
-              with ``_KFP_RUNTIME=true`` as in a task (kfp then skips its client), wall and CPU
+              with ``_KFP_RUNTIME=true`` as in a cold task (kfp then skips its client), wall and CPU
 
-and for the whole iteration the CPU seconds (user + system) of all kfp.local task processes
-against the inprocess runner's: on a shared machine CPU time moves far less with the load
-than wall time does.
+and for the whole iteration the wall and CPU seconds (user + system) of all task processes
+(with the host: the host and its workers, the host's start and imports included; its
+start is timed apart, as it happens once per ``ac2 run``) against the inprocess
+runner's: on a shared machine CPU time moves far less with the load than wall time does.
 
 Writes bench/results/kfp_overhead.md. Not a test: numbers depend on the machine's load.
 """
@@ -22,6 +25,7 @@ Writes bench/results/kfp_overhead.md. Not a test: numbers depend on the machine'
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -97,6 +101,34 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def kfp_iteration(cfg, boot: dict, root: Path, label: str, *, warm: bool) -> dict:
+    """One iteration through kfp.local (its own run folder under ``root``): per-task walls and
+    stage seconds, and the iteration's wall and CPU seconds."""
+    from pipelines import taskhost
+    from pipelines.dag import iteration_pipeline
+
+    t0, c0 = time.perf_counter(), _children_cpu()
+    host_start = 0.0
+    with contextlib.ExitStack() as stack:
+        if warm:  # the host starts once per `ac2 run`: its start is timed apart, its CPU is counted
+            with local._tasks_import_this_code():
+                address = stack.enter_context(taskhost.running(root / "logs" / f"{label}-taskhost.log"))
+            host_start = time.perf_counter() - t0 + taskhost.wait_ready(address)
+        t1 = time.perf_counter()
+        outs = local.run_pipeline(iteration_pipeline, driver.iteration_arguments(cfg, boot, None, 1), root, label)
+        wall = time.perf_counter() - t1
+    # the host has exited here, so its workers' CPU time is in this process's children's
+    cpu = _children_cpu() - c0
+    return {
+        "host_start": host_start,
+        "walls": task_walls(root / "logs" / f"{label}.log"),
+        "stage": stage_seconds(Path(outs["actor"]).parents[1]),
+        "wall": wall,
+        "cpu": cpu,
+        "outputs": outs,
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="toy", help="toy (default) or tiny")
@@ -107,7 +139,8 @@ def main() -> None:
     root = work / "kfp"
     print(f"config: {described}; work folder {work}", flush=True)
 
-    from pipelines.dag import bootstrap_pipeline, iteration_pipeline
+    from ac2_core import storage
+    from pipelines.dag import bootstrap_pipeline
 
     local._init(root)
     t0 = time.perf_counter()
@@ -115,11 +148,11 @@ def main() -> None:
     print(f"bootstrap (not measured): {time.perf_counter() - t0:.1f}s", flush=True)
 
     load_start = os.getloadavg()[0]
-    t0, c0 = time.perf_counter(), _children_cpu()
-    outs = local.run_pipeline(iteration_pipeline, driver.iteration_arguments(cfg, boot, None, 1), root, "iter-0001")
-    kfp_iteration, kfp_cpu = time.perf_counter() - t0, _children_cpu() - c0
-    walls = task_walls(root / "logs" / "iter-0001.log")
-    stage = stage_seconds(Path(outs["actor"]).parents[1])
+    cold = kfp_iteration(cfg, boot, root, "iter-0001-cold", warm=False)
+    print(f"kfp.local, cold tasks: {cold['wall']:.1f}s", flush=True)
+    warm = kfp_iteration(cfg, boot, root, "iter-0001-warm", warm=True)
+    print(f"kfp.local, warm task host: {warm['wall']:.1f}s", flush=True)
+    same = all(storage.content_hash(cold["outputs"][k]) == storage.content_hash(warm["outputs"][k]) for k in cold["outputs"])
 
     # the same iteration in one process, on a copy of the same bootstrap
     layout = RunLayout(str(work / "inprocess"))
@@ -128,50 +161,66 @@ def main() -> None:
         subprocess.run(["cp", "-r", uri, layout.bootstrap(name)], check=True)
     t0, c0 = time.perf_counter(), time.process_time()
     inproc = inprocess.run_iteration(cfg, layout, 1, ModelStore(cfg, keep_in_memory=True))["seconds"]
-    inprocess_iteration, inprocess_cpu = time.perf_counter() - t0, time.process_time() - c0
+    inprocess_wall, inprocess_cpu = time.perf_counter() - t0, time.process_time() - c0
+    load_end = os.getloadavg()[0]
 
     python_start = _timed([sys.executable, "-c", "pass"])
-    kfp_start = _timed([sys.executable, "-c", "import kfp.dsl.executor_main"])
+    kfp_start = _timed([sys.executable, "-c", "import kfp.dsl.executor_main, components.io"])
     rows = []
     for task in ["config", *[s.replace("_", "-") for s in STAGES]]:
-        if task not in walls:
+        if task not in cold["walls"]:
             continue
         name = task.replace("-", "_")
         module = "ac2_core.config" if name == "config" else f"ac2_core.stages.{name}"
-        imports = import_seconds(module)
-        rows.append((name, walls[task], stage.get(task, 0.0), imports, inproc.get(name)))
+        rows.append((name, cold, warm, import_seconds(module), inproc.get(name)))
+    n = len(rows)
+
+    def overheads(run: dict) -> list[float]:
+        return [run["walls"][t] - run["stage"].get(t, 0.0) for t in (name.replace("_", "-") for name, *_ in rows)]
 
     lines = [
         "# kfp.local per-task overhead",
         "",
-        f"Config: {described}. Machine: {os.cpu_count()} CPUs, load average {load_start:.2f} when the kfp.local"
-        f" iteration started, {os.getloadavg()[0]:.2f} at the end.",
+        f"Config: {described}. Machine: {os.cpu_count()} CPUs, load average {load_start:.2f} before the kfp.local"
+        f" iterations, {load_end:.2f} after the inprocess one.",
         f"Reproduce: `nice -n 5 .venv/bin/python bench/kfp_overhead.py --config {args.config}`",
         "",
-        "overhead = task wall time (kfp.local log) - time inside the stage function (`stage_seconds` metadata).",
-        "imports = a fresh interpreter importing kfp's executor, components.io and the stage module, as a task does"
-        f" (`_KFP_RUNTIME=true`); wall and CPU, best of 3 (bare `python -c pass`: {python_start[0]:.2f}s wall;"
-        f" with kfp's executor: {kfp_start[0]:.2f}s wall, {kfp_start[1]:.2f}s CPU). A task imports more at run time"
-        " (transformers' model code where a model is loaded).",
+        "cold = every task a fresh process that imports the stage code (as on a cluster);"
+        " warm = the tasks hand their stage calls to the warm task host (`pipelines.taskhost`, the default of"
+        " `ac2 run`). overhead = task wall time (kfp.local log) - time inside the stage function"
+        " (`stage_seconds` metadata). imports = a fresh interpreter importing kfp's executor, components.io and the"
+        f" stage module, as a cold task does; wall and CPU, best of 3 (bare `python -c pass`: {python_start[0]:.2f}s"
+        f" wall; with kfp's executor and components.io: {kfp_start[0]:.2f}s wall, {kfp_start[1]:.2f}s CPU)."
+        " A cold task imports more at run time (transformers' model code where a model is loaded), inside its stage"
+        " seconds.",
         "",
-        "| task | wall s | stage s | overhead s | of which imports s (CPU s) | inprocess stage s |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| task | cold: wall s | stage s | overhead s | imports s (CPU s) | warm: wall s | stage s | overhead s"
+        " | inprocess stage s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, wall, st, (imp, imp_cpu), ip in rows:
+    for name, c, w, (imp, imp_cpu), ip in rows:
+        t = name.replace("_", "-")
         ip_s = "" if ip is None else f"{ip:.2f}"
-        lines.append(f"| {name} | {wall:.2f} | {st:.2f} | {wall - st:.2f} | {imp:.2f} ({imp_cpu:.2f}) | {ip_s} |")
-    overheads = [wall - st for _, wall, st, _, _ in rows]
-    total = sum(overheads)
+        c_stage, w_stage = c["stage"].get(t, 0.0), w["stage"].get(t, 0.0)
+        lines.append(
+            f"| {name} | {c['walls'][t]:.2f} | {c_stage:.2f} | {c['walls'][t] - c_stage:.2f} | {imp:.2f} ({imp_cpu:.2f})"
+            f" | {w['walls'][t]:.2f} | {w_stage:.2f} | {w['walls'][t] - w_stage:.2f} | {ip_s} |"
+        )
+    lines.append("")
+    for label, run in (("cold", cold), ("warm", warm)):
+        o = overheads(run)
+        lines += [
+            f"- **{label}**: mean overhead {sum(o) / n:.2f}s per task (goal < {GOAL_S}s), max {max(o):.2f}s;"
+            f" {sum(o):.1f}s of the {run['wall']:.1f}s iteration ({sum(o) / run['wall']:.0%});"
+            f" against the inprocess iteration, {(run['wall'] - inprocess_wall) / n:.2f}s wall and"
+            f" {(run['cpu'] - inprocess_cpu) / n:.2f}s CPU more per task (iteration CPU {run['cpu']:.1f}s)",
+        ]
     lines += [
-        "",
-        f"- tasks: {len(rows)}; mean overhead {total / len(rows):.2f}s per task (goal < {GOAL_S}s), max {max(overheads):.2f}s",
-        f"- overhead share of the kfp.local iteration: {total:.1f}s of {kfp_iteration:.1f}s = {total / kfp_iteration:.0%}",
-        f"- the same iteration inprocess: {inprocess_iteration:.1f}s"
-        f" (kfp.local / inprocess = {kfp_iteration / inprocess_iteration:.1f}x)",
-        f"- CPU seconds of the iteration: kfp.local tasks {kfp_cpu:.1f}s, inprocess {inprocess_cpu:.1f}s;"
-        f" the difference, {(kfp_cpu - inprocess_cpu) / len(rows):.2f}s per task, is the overhead in CPU time",
-        f"- a fresh interpreter's imports alone take {sum(i[0] for *_, i, _ in rows) / len(rows):.2f}s wall,"
-        f" {sum(i[1] for *_, i, _ in rows) / len(rows):.2f}s CPU per task on average",
+        f"- the warm host's start, once per `ac2 run`: {warm['host_start']:.1f}s until its imports were done"
+        " (tasks that arrive earlier queue; its CPU is in the warm iteration's)",
+        f"- inprocess: {inprocess_wall:.1f}s wall, {inprocess_cpu:.1f}s CPU"
+        f" (kfp.local / inprocess: cold {cold['wall'] / inprocess_wall:.1f}x, warm {warm['wall'] / inprocess_wall:.1f}x)",
+        f"- cold and warm outputs identical (content hashes): {'yes' if same else 'NO'}",
     ]
     report = "\n".join(lines) + "\n"
     print("\n" + report)

@@ -18,10 +18,14 @@ def bootstrap(
     metrics: Output[Dataset],
 ):
     """Calls ``ac2_core.bootstrap.bootstrap``; ``replay`` .. ``metrics`` are ``EMPTY_STATE``."""
-    from ac2_core.bootstrap import bootstrap
-    from components.io import annotate, stage_context
+    from components.io import run_stage
 
-    with stage_context(config) as (cfg, clock):
-        state = {"replay": replay.path, "scored_chunks": scored_chunks.path, "readiness": readiness.path, "metrics": metrics.path}
-        stats = bootstrap(cfg, problems=problems.path, actor=actor.path, critic=critic.path, state=state)
-        annotate(stats, clock(), problems, actor, critic, replay, scored_chunks, readiness, metrics)
+    run_stage(
+        "ac2_core.bootstrap:bootstrap",
+        config,
+        outputs=(problems, actor, critic, replay, scored_chunks, readiness, metrics),
+        problems=problems.path,
+        actor=actor.path,
+        critic=critic.path,
+        state={"replay": replay.path, "scored_chunks": scored_chunks.path, "readiness": readiness.path, "metrics": metrics.path},
+    )

@@ -16,17 +16,19 @@ def check_readiness(
     out_readiness: Output[Dataset],
     out_advantages: Output[Dataset],
 ):
-    from ac2_core.stages import check_readiness
-    from components.io import annotate, stage_context
+    from components.io import run_stage
 
-    with stage_context(config) as (cfg, clock):
-        stats = check_readiness.run(
-            cfg,
-            iteration=iteration,
-            readiness=readiness.path,
-            critic_pairs=critic_pairs.path,
-            scored_chunks=scored_chunks.path,
-            out_readiness=out_readiness.path,
-            out_advantages=out_advantages.path,
-        )
-        annotate(stats, clock(), out_readiness, out_advantages)
+    run_stage(
+        "ac2_core.stages.check_readiness:run",
+        config,
+        outputs=(
+            out_readiness,
+            out_advantages,
+        ),
+        iteration=iteration,
+        readiness=readiness.path,
+        critic_pairs=critic_pairs.path,
+        scored_chunks=scored_chunks.path,
+        out_readiness=out_readiness.path,
+        out_advantages=out_advantages.path,
+    )

@@ -15,16 +15,15 @@ def generate_chunks(
     actor: Input[Model],
     out_chunks: Output[Dataset],
 ):
-    from ac2_core.stages import generate_chunks
-    from components.io import annotate, stage_context
+    from components.io import run_stage
 
-    with stage_context(config) as (cfg, clock):
-        stats = generate_chunks.run(
-            cfg,
-            iteration=iteration,
-            problems=problems.path,
-            prefixes=prefixes.path,
-            actor=actor.path,
-            out_chunks=out_chunks.path,
-        )
-        annotate(stats, clock(), out_chunks)
+    run_stage(
+        "ac2_core.stages.generate_chunks:run",
+        config,
+        outputs=(out_chunks,),
+        iteration=iteration,
+        problems=problems.path,
+        prefixes=prefixes.path,
+        actor=actor.path,
+        out_chunks=out_chunks.path,
+    )

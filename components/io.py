@@ -1,43 +1,45 @@
-"""What every component body shares: reading the config artifact and annotating outputs.
+"""What every component body shares: running its stage on the config artifact's config, and
+annotating the outputs.
 
 Imported inside component bodies, in the task's process: keep it light (no torch).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import time
-from collections.abc import Iterator
+import os
+import sys
 from pathlib import Path
 
 from ac2_core import storage
-from ac2_core.config import AC2Config, config_from_json
 
 CONFIG_FILE = "config.json"
 
 
-def config_of(artifact) -> AC2Config:
-    """The validated config carried by the ``config`` component's output artifact."""
-    return config_from_json(Path(artifact.path, CONFIG_FILE).read_text())
+def run_stage(target: str, config, outputs: tuple = (), **kwargs) -> dict:
+    """Run ``target`` ("module:function", called as ``function(cfg, **kwargs)`` with the
+    config artifact's config) and annotate ``outputs`` with its figures; returns them.
 
+    Under ``ac2 run`` on this machine a warm task host runs the call in a worker forked from
+    a process that has the stage code imported (``pipelines.taskhost``); anywhere else, or
+    if that host is gone, the call runs in this task's process. The artifacts are the same.
+    """
+    config_path = str(Path(config.path, CONFIG_FILE))
+    address = os.environ.get("AC2_TASK_HOST")
+    stats = None
+    if address:
+        from pipelines import taskhost
 
-@contextlib.contextmanager
-def stage_context(artifact) -> Iterator[tuple[AC2Config, Clock]]:
-    """The config, with its storage settings in effect (as ``inprocess.run`` does), and a clock."""
-    cfg = config_of(artifact)
-    with storage.using(cfg.storage):
-        yield cfg, Clock()
+        try:
+            stats, seconds = taskhost.call(target, config_path, kwargs, address=address)
+        except taskhost.HostUnavailable as e:
+            print(f"ac2: {e}; running {target} in the task's own process", file=sys.stderr, flush=True)
+    if stats is None:
+        from pipelines.taskhost import execute
 
-
-class Clock:
-    """Seconds since the stage's work began (recorded as ``stage_seconds``)."""
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-
-    def __call__(self) -> float:
-        return time.perf_counter() - self.start
+        stats, seconds = execute(target, config_path, kwargs)
+    annotate(stats, seconds, *outputs)
+    return stats
 
 
 def _scalar(value):

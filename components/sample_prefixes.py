@@ -18,19 +18,21 @@ def sample_prefixes(
     out_replay: Output[Dataset],
     out_prefixes: Output[Dataset],
 ):
-    from ac2_core.stages import sample_prefixes
-    from components.io import annotate, stage_context
+    from components.io import run_stage
 
-    with stage_context(config) as (cfg, clock):
-        stats = sample_prefixes.run(
-            cfg,
-            iteration=iteration,
-            problems=problems.path,
-            replay=replay.path,
-            scored_chunks=scored_chunks.path,
-            readiness=readiness.path,
-            actor=actor.path,
-            out_replay=out_replay.path,
-            out_prefixes=out_prefixes.path,
-        )
-        annotate(stats, clock(), out_replay, out_prefixes)
+    run_stage(
+        "ac2_core.stages.sample_prefixes:run",
+        config,
+        outputs=(
+            out_replay,
+            out_prefixes,
+        ),
+        iteration=iteration,
+        problems=problems.path,
+        replay=replay.path,
+        scored_chunks=scored_chunks.path,
+        readiness=readiness.path,
+        actor=actor.path,
+        out_replay=out_replay.path,
+        out_prefixes=out_prefixes.path,
+    )

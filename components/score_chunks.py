@@ -20,20 +20,22 @@ def score_chunks(
     out_critic_pairs: Output[Dataset],
 ):
     """``critic`` is read only when the config's algorithm uses one (ac2)."""
-    from ac2_core.stages import score_chunks
-    from components.io import annotate, stage_context
+    from components.io import run_stage
 
-    with stage_context(config) as (cfg, clock):
-        stats = score_chunks.run(
-            cfg,
-            iteration=iteration,
-            problems=problems.path,
-            replay=replay.path,
-            prefixes=prefixes.path,
-            chunks=chunks.path,
-            actor=actor.path,
-            critic=critic.path,
-            out_scored_chunks=out_scored_chunks.path,
-            out_critic_pairs=out_critic_pairs.path,
-        )
-        annotate(stats, clock(), out_scored_chunks, out_critic_pairs)
+    run_stage(
+        "ac2_core.stages.score_chunks:run",
+        config,
+        outputs=(
+            out_scored_chunks,
+            out_critic_pairs,
+        ),
+        iteration=iteration,
+        problems=problems.path,
+        replay=replay.path,
+        prefixes=prefixes.path,
+        chunks=chunks.path,
+        actor=actor.path,
+        critic=critic.path,
+        out_scored_chunks=out_scored_chunks.path,
+        out_critic_pairs=out_critic_pairs.path,
+    )

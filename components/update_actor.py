@@ -19,19 +19,18 @@ def update_actor(
     out_actor: Output[Model],
 ):
     """``reference`` (the bootstrap actor) is read only when ``actor.kl_beta > 0``."""
-    from ac2_core.stages import update_actor
-    from components.io import annotate, stage_context
+    from components.io import run_stage
 
-    with stage_context(config) as (cfg, clock):
-        stats = update_actor.run(
-            cfg,
-            iteration=iteration,
-            problems=problems.path,
-            actor=actor.path,
-            prefixes=prefixes.path,
-            chunks=chunks.path,
-            advantages=advantages.path,
-            out_actor=out_actor.path,
-            reference=reference.path,
-        )
-        annotate(stats, clock(), out_actor)
+    run_stage(
+        "ac2_core.stages.update_actor:run",
+        config,
+        outputs=(out_actor,),
+        iteration=iteration,
+        problems=problems.path,
+        actor=actor.path,
+        prefixes=prefixes.path,
+        chunks=chunks.path,
+        advantages=advantages.path,
+        out_actor=out_actor.path,
+        reference=reference.path,
+    )

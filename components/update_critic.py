@@ -17,18 +17,17 @@ def update_critic(
     scored_chunks: Input[Dataset],
     out_critic: Output[Model],
 ):
-    from ac2_core.stages import update_critic
-    from components.io import annotate, stage_context
+    from components.io import run_stage
 
-    with stage_context(config) as (cfg, clock):
-        stats = update_critic.run(
-            cfg,
-            iteration=iteration,
-            problems=problems.path,
-            replay=replay.path,
-            critic=critic.path,
-            critic_pairs=critic_pairs.path,
-            scored_chunks=scored_chunks.path,
-            out_critic=out_critic.path,
-        )
-        annotate(stats, clock(), out_critic)
+    run_stage(
+        "ac2_core.stages.update_critic:run",
+        config,
+        outputs=(out_critic,),
+        iteration=iteration,
+        problems=problems.path,
+        replay=replay.path,
+        critic=critic.path,
+        critic_pairs=critic_pairs.path,
+        scored_chunks=scored_chunks.path,
+        out_critic=out_critic.path,
+    )

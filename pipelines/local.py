@@ -3,6 +3,7 @@
     <out>/kfp/                     the kfp.local pipeline root: one folder per pipeline run
     <out>/kfp/runs.json            which run produced what (the bootstrap, then each iteration)
     <out>/kfp/logs/<run>.log       everything kfp.local and the tasks printed
+    <out>/kfp/logs/taskhost.log    the warm task host's own lines (``pipelines.taskhost``)
 
 One bootstrap run, then one iteration run per iteration, each importing the previous
 run's outputs (``pipelines.driver``). A run folder that already holds finished
@@ -24,7 +25,7 @@ import ac2_core
 from ac2_core import storage
 from ac2_core.config import AC2Config
 from ac2_core.stages.inprocess import HEADER, format_row
-from pipelines import driver
+from pipelines import driver, taskhost
 
 Log = Callable[[str], None]
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -108,17 +109,28 @@ def _prune(cfg: AC2Config, state: driver.RunState, it: int) -> None:
             storage.remove(old[name])
 
 
-def run(cfg: AC2Config, out_dir: str, *, log: Log = print, bootstrap_from: str | None = None) -> list[dict]:
+def run(
+    cfg: AC2Config, out_dir: str, *, log: Log = print, bootstrap_from: str | None = None, task_host: bool = True
+) -> list[dict]:
     """Bootstrap (once, or adopt ``bootstrap_from``'s), then iteration runs up to
-    ``cfg.run.iterations``; returns the metrics rows."""
-    with storage.using(cfg.storage):
-        return _run(cfg, out_dir, log, bootstrap_from)
+    ``cfg.run.iterations``; returns the metrics rows.
+
+    With ``task_host`` (the default) the tasks hand their stage calls to a warm task host
+    (``pipelines.taskhost``) instead of importing the stage code themselves; without it
+    every task is a cold process, as on a cluster. The artifacts are the same either way.
+    """
+    root = Path(out_dir).resolve() / "kfp"
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(storage.using(cfg.storage))
+        if task_host:
+            with _tasks_import_this_code():  # the host imports the code its tasks would
+                stack.enter_context(taskhost.running(root / "logs" / "taskhost.log"))
+        return _run(cfg, root, out_dir, log, bootstrap_from)
 
 
-def _run(cfg: AC2Config, out_dir: str, log: Log, bootstrap_from: str | None) -> list[dict]:
+def _run(cfg: AC2Config, root: Path, out_dir: str, log: Log, bootstrap_from: str | None) -> list[dict]:
     from pipelines.dag import bootstrap_pipeline, iteration_pipeline
 
-    root = Path(out_dir).resolve() / "kfp"
     state = driver.RunState.load(root / "runs.json", cfg)
     _init(root)
     t_start = time.perf_counter()

@@ -54,6 +54,9 @@ def test_ac2_runs_two_chained_iterations(kfp_run, kfp_state):
         "metadata"
     ]
     assert figures["iteration"] == 2 and "cum_decode_flops" in figures
+    # every stage ran in a worker of the warm task host (the default); none fell back to a cold start
+    assert "imports done" in (out / "kfp" / "logs" / "taskhost.log").read_text()
+    assert not any("in the task's own process" in f.read_text() for f in (out / "kfp" / "logs").glob("iter-*.log"))
 
 
 def test_finished_run_is_resumed_not_repeated(kfp_run, kfp_state):
@@ -69,7 +72,9 @@ def test_grpo_runs_without_the_critic_branch(kfp_run, kfp_state, tmp_path):
     _, ac2_dir, _, _ = kfp_run
     cfg = tiny_config(algorithm="grpo", run__iterations=1)
     lines: list[str] = []
-    rows = local.run(cfg, str(tmp_path / "grpo"), log=lines.append, bootstrap_from=str(ac2_dir))
+    # cold tasks, as on a cluster: each imports the stage code itself
+    rows = local.run(cfg, str(tmp_path / "grpo"), log=lines.append, bootstrap_from=str(ac2_dir), task_host=False)
+    assert not (tmp_path / "grpo" / "kfp" / "logs" / "taskhost.log").exists()
     assert f"bootstrap adopted from {ac2_dir}" in lines  # same model, task and seed: the AC2 run's bootstrap
     assert rows[-1]["iteration"] == 1 and rows[-1]["critic_error"] is None
     state = RunState.load(tmp_path / "grpo" / "kfp" / "runs.json")

@@ -1,0 +1,340 @@
+"""A warm task host for kfp.local: a process that imports ac2's stage code once and
+forks one worker per task, so a task does not pay the interpreter's imports again.
+
+Each kfp.local task is a fresh ``python -m kfp.dsl.executor_main``. Five of the stages
+load a model, and importing transformers' model code alone costs about 5 s of CPU on the
+2-core dev machine: more than the toy stages themselves. With a host running, a
+component body (``components.io.run_stage``) sends its stage call here instead:
+
+    task process                        host (imports done once)
+    ------------                        ------------------------
+    connect to the socket       ---->   accept; receive the call and the task's
+    send call + stdout/stderr fds       stdout and stderr file descriptors
+                                        fork a worker:
+                                          write to the task's stdout/stderr,
+                                          take the task's environment and cwd,
+                                          run the stage, reply its figures, exit
+    annotate the outputs,       <----
+    as without a host
+
+The worker is a new process per task, as a task is; what it shares with its siblings is
+imported code and nothing else (the host runs no stage code, and it refuses to fork while another
+Python thread runs). Artifacts are byte-identical with and without the
+host (``tests/pipeline``). On a cluster there is no host and every task imports for itself:
+there, stages run for minutes and the imports are noise.
+
+The host binds its socket before it imports, so tasks that arrive early wait in the
+accept queue. It runs in its own session and is stopped with its workers by process group
+(``running``). A task whose host is gone runs the stage itself and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import importlib
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+
+ENV = "AC2_TASK_HOST"  # the host's socket path, set for kfp.local's task processes
+READY = "ready"  # a file next to the socket once the imports are done
+_STARTED = b"+"  # a worker's first byte: from here on, the stage may have run
+_HEADER = struct.Struct("!I")  # a reply's length
+_MAX_CALL = 1 << 20
+
+
+def preload_modules() -> list[str]:
+    """What the host imports before it serves: every stage and what stages import lazily."""
+    from ac2_core.stages.layout import STAGES
+
+    return [
+        "ac2_core.bootstrap",
+        *(f"ac2_core.stages.{stage}" for stage in STAGES),
+        "ac2_core.stages.critic_io",
+        "ac2_core.generation.scoring",
+        "ac2_core.math",
+        "ac2_core.models.hf",
+        "ac2_core.training.torch_backend",
+        "ac2_core.training.sft",
+        "transformers.models.qwen3.modeling_qwen3",  # the built-in model's code (AutoModel resolves it lazily)
+        "components.report",
+        "s3fs",  # optional extra
+    ]
+
+
+# --------------------------------------------------------------------- the call itself
+
+
+def execute(target: str, config_path: str, kwargs: dict) -> tuple[dict, float]:
+    """Run ``target`` ("module:function") on the config file's config, with its storage
+    settings in effect; returns its figures (JSON values only) and its seconds.
+
+    Used both by a host's worker and by a task process that has no host.
+    """
+    from ac2_core import storage
+    from ac2_core.config import config_from_json
+
+    module, function = target.split(":")
+    fn = getattr(importlib.import_module(module), function)
+    cfg = config_from_json(Path(config_path).read_text())
+    with storage.using(cfg.storage):
+        start = time.perf_counter()
+        stats = fn(cfg, **kwargs)
+        seconds = time.perf_counter() - start
+    return json.loads(json.dumps(stats, default=_plain)), seconds
+
+
+def _plain(value):
+    # numpy and torch scalars have .item(); anything else is recorded as its text
+    return value.item() if hasattr(value, "item") else str(value)
+
+
+# --------------------------------------------------------------------- task side
+
+
+class HostUnavailable(ConnectionError):
+    """No host answers at the socket ``AC2_TASK_HOST`` names."""
+
+
+def call(target: str, config_path: str, kwargs: dict, *, address: str) -> tuple[dict, float]:
+    """Have the host at ``address`` run ``execute(target, config_path, kwargs)`` in a worker
+    that writes to this process's stdout and stderr. Raises what the stage raised."""
+    request = json.dumps(
+        {"target": target, "config": config_path, "kwargs": kwargs, "env": dict(os.environ), "cwd": os.getcwd()}
+    ).encode()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        try:
+            conn.connect(address)
+        except OSError as e:
+            raise HostUnavailable(f"no task host at {address}: {e}") from None
+        socket.send_fds(conn, [request], [sys.stdout.fileno(), sys.stderr.fileno()])
+        conn.shutdown(socket.SHUT_WR)
+        started, reply = _read_reply(conn)
+    if not started:  # the host closed the call without forking: nothing ran
+        raise HostUnavailable(f"the task host at {address} closed the call unanswered")
+    if reply is None:
+        raise RuntimeError(f"the task host's worker for {target} died before it replied (killed? out of memory?)")
+    if "error" in reply:
+        raise _rebuilt(reply["error"])
+    return reply["stats"], reply["seconds"]
+
+
+def _read_reply(conn: socket.socket) -> tuple[bool, dict | None]:
+    """(whether a worker started, its reply if it finished one)."""
+    data = b""
+    with contextlib.suppress(ConnectionResetError):  # a host that exits resets the calls it queued
+        while chunk := conn.recv(65536):
+            data += chunk
+    if not data.startswith(_STARTED):
+        return False, None
+    data = data[len(_STARTED) :]
+    if len(data) < _HEADER.size:
+        return True, None
+    (size,) = _HEADER.unpack_from(data)
+    body = data[_HEADER.size : _HEADER.size + size]
+    return True, (json.loads(body) if len(body) == size else None)
+
+
+def _rebuilt(error: dict) -> BaseException:
+    """The worker's exception as the same class where that class takes a message, so a
+    failure reads as it would without a host (the worker printed the traceback)."""
+    cls = None
+    with contextlib.suppress(Exception):
+        cls = getattr(importlib.import_module(error["module"]), error["type"])
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        with contextlib.suppress(Exception):
+            exc = cls(error["message"])
+            if str(exc) == error["message"]:
+                exc.add_note("(raised in the task host's worker; its traceback is printed above)")
+                return exc
+    return RuntimeError(f"{error['type']}: {error['message']}")
+
+
+# --------------------------------------------------------------------- host side
+
+
+def serve(address: str) -> None:
+    """Bind ``address``, import the stage code, then fork a worker per connection, forever."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address)
+    os.chmod(address, 0o600)
+    listener.listen(64)
+    t0 = time.perf_counter()
+    for name in preload_modules():
+        try:
+            importlib.import_module(name)
+        except ImportError as e:  # optional extras; a worker that needs one reports it
+            print(f"taskhost: not preloaded: {name} ({e})", flush=True)
+    print(f"taskhost: imports done in {time.perf_counter() - t0:.1f}s; {_threads()}", flush=True)
+    if threading.active_count() != 1:  # a lock another Python thread holds at fork stays held in the worker
+        raise SystemExit(f"taskhost: {threading.active_count()} Python threads after the imports; forking is unsafe")
+    Path(address).with_name(READY).touch()
+    signal.signal(signal.SIGCHLD, _reap)  # reaped here, so their CPU time counts as this process's children's
+    signal.signal(signal.SIGTERM, _stop)
+    while True:
+        conn, _ = listener.accept()
+        try:
+            request, fds = _receive(conn)
+        except Exception as e:  # a malformed call: refuse it, keep serving
+            print(f"taskhost: refused a call: {e}", flush=True)
+            conn.close()
+            continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if os.fork() == 0:
+            listener.close()
+            _work(conn, request, fds)  # never returns
+        conn.close()
+        for fd in fds:
+            os.close(fd)
+
+
+def _reap(*_) -> None:
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
+def _stop(*_) -> None:
+    _reap()
+    raise SystemExit(0)
+
+
+def _threads() -> str:
+    """The native threads besides this one: after the imports, OpenBLAS's pool (numpy) and
+    jemalloc's background thread (pyarrow). Both libraries register fork handlers; no Python
+    thread may run (``serve`` refuses to fork then)."""
+    names = [Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task")]
+    return f"threads: {', '.join(sorted(names))}"
+
+
+def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
+    msg, fds, _, _ = socket.recv_fds(conn, _MAX_CALL, 2)
+    data = msg
+    while chunk := conn.recv(65536):
+        data += chunk
+        if len(data) > _MAX_CALL:
+            raise ValueError(f"a call of over {_MAX_CALL} bytes")
+    if len(fds) != 2:
+        for fd in fds:
+            os.close(fd)
+        raise ValueError(f"a call with {len(fds)} file descriptors, not stdout and stderr")
+    return json.loads(data), fds
+
+
+def _work(conn: socket.socket, request: dict, fds: list[int]) -> None:
+    """A worker: become the task's process (its output, environment and directory), run, reply, exit."""
+    status = 0
+    try:
+        conn.sendall(_STARTED)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the stage may wait for its own subprocesses
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.dup2(fds[0], 1)
+        os.dup2(fds[1], 2)
+        for fd in fds:
+            os.close(fd)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        stats, seconds = execute(request["target"], request["config"], request["kwargs"])
+        reply = {"stats": stats, "seconds": seconds}
+    except BaseException as e:  # noqa: BLE001 - every failure goes back to the task
+        traceback.print_exc()
+        reply = {"error": {"type": type(e).__name__, "module": type(e).__module__, "message": str(e)}}
+        status = 1
+    try:
+        body = json.dumps(reply).encode()
+        conn.sendall(_HEADER.pack(len(body)) + body)
+        conn.close()
+        atexit._run_exitfuncs()  # what a task process runs at its exit (engines, process groups)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(status)
+
+
+# --------------------------------------------------------------------- lifetime
+
+
+@contextlib.contextmanager
+def running(log_file: Path) -> Iterator[str]:
+    """Start a host (its output to ``log_file``) for the tasks this process starts;
+    ``AC2_TASK_HOST`` names it while the block runs. Stops it and its workers after."""
+    folder = tempfile.mkdtemp(prefix="ac2-host-")  # short: a socket path has a 107-byte limit
+    address = os.path.join(folder, "socket")
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "ab") as log:
+        host = subprocess.Popen(
+            [sys.executable, "-m", "pipelines.taskhost", address],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: Ctrl-C reaches us, and we stop it
+        )
+    saved = os.environ.get(ENV)
+    try:
+        _wait_for_socket(host, address, log_file)
+        os.environ[ENV] = address
+        yield address
+    finally:
+        if saved is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = saved
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(host.pid, signal.SIGTERM)
+        try:
+            host.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(host.pid, signal.SIGKILL)
+            host.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def wait_ready(address: str, timeout: float = 300) -> float:
+    """Block until the host at ``address`` has done its imports (tasks need not: they queue);
+    returns the seconds waited."""
+    start = time.monotonic()
+    while not Path(address).with_name(READY).exists():
+        if time.monotonic() - start > timeout:
+            raise TimeoutError(f"the task host at {address} did not finish its imports in {timeout:.0f}s")
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def _wait_for_socket(host: subprocess.Popen, address: str, log_file: Path, timeout: float = 60) -> None:
+    # the host binds before it imports, so this is the interpreter's start, not the imports
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(address):
+        if host.poll() is not None:
+            raise RuntimeError(f"the task host exited with status {host.returncode} at start (log: {log_file})")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the task host did not bind {address} in {timeout:.0f}s (log: {log_file})")
+        time.sleep(0.02)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m pipelines.taskhost", description=__doc__.split("\n\n")[0])
+    p.add_argument("address", help="the Unix socket to serve on")
+    serve(p.parse_args(argv).address)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""The warm task host (``pipelines.taskhost``): a worker per call that is the task's
+process in all that a stage sees, failures that read as without a host, and a host that
+is stopped with its workers."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from ac2_core.storage import ArtifactError
+from components.io import CONFIG_FILE, run_stage
+from pipelines import local, taskhost
+from tests.conftest import tiny_config
+
+TARGETS = "tests.pipeline.taskhost_targets"
+
+
+@contextlib.contextmanager
+def started(folder: Path):
+    with contextlib.ExitStack() as stack:
+        with local._tasks_import_this_code():
+            address = stack.enter_context(taskhost.running(folder / "taskhost.log"))
+        yield address
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("taskhost")
+    cfg = tiny_config()
+    (folder / CONFIG_FILE).write_text(cfg.to_json())
+    with started(folder) as address:
+        taskhost.wait_ready(address)
+        yield SimpleNamespace(address=address, config=str(folder / CONFIG_FILE), cfg=cfg, log=folder / "taskhost.log")
+
+
+def call(host, target: str, **kwargs):
+    return taskhost.call(f"{TARGETS}:{target}", host.config, kwargs, address=host.address)
+
+
+def test_a_worker_is_a_new_process_with_the_tasks_output_environment_and_directory(host, capfd, monkeypatch, tmp_path):
+    monkeypatch.setenv("AC2_TEST_PROBE", "set by the task")
+    monkeypatch.chdir(tmp_path)
+    first, seconds = call(host, "echo", value=[1, "two"])
+    second, _ = call(host, "echo", value=None)
+    assert first["value"] == [1, "two"] and first["run_id"] == host.cfg.run_id and seconds >= 0
+    assert first["probe"] == "set by the task" and first["cwd"] == str(tmp_path)
+    assert first["numpy_float"] == 0.5
+    # a fresh process per call, forked by the same host, which is neither this process nor its child's child
+    assert len({first["pid"], second["pid"], os.getpid()}) == 3
+    assert first["ppid"] == second["ppid"] != os.getpid()
+    out, err = capfd.readouterr()  # the worker wrote to this process's own stdout and stderr
+    assert out.count(f"stdout of {host.cfg.run_id}") == 2 and err.count(f"stderr of {host.cfg.run_id}") == 2
+    assert "imports done" in host.log.read_text()
+
+
+def test_a_stage_error_is_raised_as_its_own_class_with_the_traceback_printed(host, capfd):
+    with pytest.raises(ArtifactError) as raised:
+        call(host, "fail_artifact", message="/x: data.parquet does not match its manifest")
+    assert raised.value.args == ("/x: data.parquet does not match its manifest",)
+    assert "traceback is printed above" in raised.value.__notes__[0]
+    assert "in fail_artifact" in capfd.readouterr().err
+    with pytest.raises(RuntimeError, match=r"^KeyError: 'missing'$"):  # a class that alters its message
+        call(host, "fail_keyerror")
+
+
+def test_a_worker_that_dies_is_reported_and_the_host_serves_on(host):
+    with pytest.raises(RuntimeError, match=r"worker for .*:die died before it replied"):
+        call(host, "die")
+    assert call(host, "echo", value=1)[0]["value"] == 1
+
+
+def test_without_a_host_the_task_runs_the_stage_itself(tmp_path, monkeypatch, capfd):
+    (tmp_path / CONFIG_FILE).write_text(tiny_config().to_json())
+    monkeypatch.setenv(taskhost.ENV, str(tmp_path / "gone" / "socket"))
+    stats = run_stage(f"{TARGETS}:echo", SimpleNamespace(path=str(tmp_path)), value=7)
+    assert stats["value"] == 7 and stats["pid"] == os.getpid()
+    err = capfd.readouterr().err
+    assert f"no task host at {tmp_path / 'gone' / 'socket'}" in err and f"running {TARGETS}:echo in the task's own process" in err
+
+
+def test_stopping_the_host_stops_its_running_workers(tmp_path):
+    (tmp_path / CONFIG_FILE).write_text(tiny_config().to_json())
+    pid_file, outcome = tmp_path / "worker.pid", {}
+
+    def task(address):
+        try:
+            taskhost.call(f"{TARGETS}:wait", str(tmp_path / CONFIG_FILE), {"pid_file": str(pid_file)}, address=address)
+        except RuntimeError as e:
+            outcome["error"] = str(e)
+
+    before = os.environ.get(taskhost.ENV)
+    with started(tmp_path) as address:
+        assert os.environ[taskhost.ENV] == address
+        thread = threading.Thread(target=task, args=(address,))
+        thread.start()
+        deadline = time.monotonic() + 120
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        worker = int(pid_file.read_text())
+    thread.join(timeout=30)
+    assert "died before it replied" in outcome["error"]
+    assert not Path(address).parent.exists() and os.environ.get(taskhost.ENV) == before
+    deadline = time.monotonic() + 10
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(worker)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
