@@ -48,6 +48,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 ENV = "AC2_TASK_HOST"  # the host's socket path, set for kfp.local's task processes
 READY = "ready"  # a file next to the socket once the imports are done
@@ -78,9 +79,18 @@ def preload_modules() -> list[str]:
 # --------------------------------------------------------------------- the call itself
 
 
-def execute(target: str, config_path: str, kwargs: dict) -> tuple[dict, float]:
+class Result(NamedTuple):
+    """What a stage call gives its task: the stage's figures (JSON values only), its seconds,
+    and each output artifact's manifest figures (for the KFP metadata)."""
+
+    stats: dict
+    seconds: float
+    manifests: dict[str, dict]
+
+
+def execute(target: str, config_path: str, kwargs: dict, outputs: list[str] = ()) -> Result:
     """Run ``target`` ("module:function") on the config file's config, with its storage
-    settings in effect; returns its figures (JSON values only) and its seconds.
+    settings in effect, then read the manifests of the ``outputs`` it wrote.
 
     Used both by a host's worker and by a task process that has no host.
     """
@@ -94,7 +104,17 @@ def execute(target: str, config_path: str, kwargs: dict) -> tuple[dict, float]:
         start = time.perf_counter()
         stats = fn(cfg, **kwargs)
         seconds = time.perf_counter() - start
-    return json.loads(json.dumps(stats, default=_plain)), seconds
+        manifests = {}
+        for uri in outputs:
+            m = storage.read_manifest(uri)
+            manifests[uri] = {
+                "kind": m.kind,
+                "stage": m.stage,
+                "rows": m.rows,
+                "content_hash": m.content_hash,
+                "config_hash": m.config_hash,
+            }
+    return Result(json.loads(json.dumps(stats, default=_plain)), seconds, manifests)
 
 
 def _plain(value):
@@ -109,11 +129,18 @@ class HostUnavailable(ConnectionError):
     """No host answers at the socket ``AC2_TASK_HOST`` names."""
 
 
-def call(target: str, config_path: str, kwargs: dict, *, address: str) -> tuple[dict, float]:
-    """Have the host at ``address`` run ``execute(target, config_path, kwargs)`` in a worker
-    that writes to this process's stdout and stderr. Raises what the stage raised."""
+def call(target: str, config_path: str, kwargs: dict, outputs: list[str] = (), *, address: str) -> Result:
+    """Have the host at ``address`` run ``execute(target, config_path, kwargs, outputs)`` in a
+    worker that writes to this process's stdout and stderr. Raises what the stage raised."""
     request = json.dumps(
-        {"target": target, "config": config_path, "kwargs": kwargs, "env": dict(os.environ), "cwd": os.getcwd()}
+        {
+            "target": target,
+            "config": config_path,
+            "kwargs": kwargs,
+            "outputs": list(outputs),
+            "env": dict(os.environ),
+            "cwd": os.getcwd(),
+        }
     ).encode()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -131,7 +158,7 @@ def call(target: str, config_path: str, kwargs: dict, *, address: str) -> tuple[
         raise RuntimeError(f"the task host's worker for {target} died before it replied (killed? out of memory?)")
     if "error" in reply:
         raise _rebuilt(reply["error"])
-    return reply["stats"], reply["seconds"]
+    return Result(**reply)
 
 
 def _read_reply(conn: socket.socket) -> tuple[bool, dict | None]:
@@ -252,8 +279,7 @@ def _work(conn: socket.socket, request: dict, fds: list[int]) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
-        stats, seconds = execute(request["target"], request["config"], request["kwargs"])
-        reply = {"stats": stats, "seconds": seconds}
+        reply = execute(request["target"], request["config"], request["kwargs"], request["outputs"])._asdict()
     except BaseException as e:  # noqa: BLE001 - every failure goes back to the task
         traceback.print_exc()
         reply = {"error": {"type": type(e).__name__, "module": type(e).__module__, "message": str(e)}}

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -46,9 +48,9 @@ def call(host, target: str, **kwargs):
 def test_a_worker_is_a_new_process_with_the_tasks_output_environment_and_directory(host, capfd, monkeypatch, tmp_path):
     monkeypatch.setenv("AC2_TEST_PROBE", "set by the task")
     monkeypatch.chdir(tmp_path)
-    first, seconds = call(host, "echo", value=[1, "two"])
-    second, _ = call(host, "echo", value=None)
-    assert first["value"] == [1, "two"] and first["run_id"] == host.cfg.run_id and seconds >= 0
+    result = call(host, "echo", value=[1, "two"])
+    first, second = result.stats, call(host, "echo", value=None).stats
+    assert first["value"] == [1, "two"] and first["run_id"] == host.cfg.run_id and result.seconds >= 0
     assert first["probe"] == "set by the task" and first["cwd"] == str(tmp_path)
     assert first["numpy_float"] == 0.5
     # a fresh process per call, forked by the same host, which is neither this process nor its child's child
@@ -72,7 +74,7 @@ def test_a_stage_error_is_raised_as_its_own_class_with_the_traceback_printed(hos
 def test_a_worker_that_dies_is_reported_and_the_host_serves_on(host):
     with pytest.raises(RuntimeError, match=r"worker for .*:die died before it replied"):
         call(host, "die")
-    assert call(host, "echo", value=1)[0]["value"] == 1
+    assert call(host, "echo", value=1).stats["value"] == 1
 
 
 def test_without_a_host_the_task_runs_the_stage_itself(tmp_path, monkeypatch, capfd):
@@ -118,3 +120,15 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state != "Z"
+
+
+def test_a_task_with_a_host_imports_nothing_heavy():
+    # what a component body imports before it hands its call over (the rest is the host's)
+    probe = (
+        "import sys, kfp.dsl.executor_main, components.io, pipelines.taskhost;"
+        "print(sorted(m for m in ('torch', 'transformers', 'pyarrow', 'pydantic', 'numpy', 'fsspec') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, env={**os.environ, "_KFP_RUNTIME": "true"}
+    ).stdout
+    assert out.strip() == "[]"
