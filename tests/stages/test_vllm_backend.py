@@ -10,16 +10,21 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import statistics
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from ac2_core import storage
 from ac2_core.generation import generate
 from ac2_core.generation import vllm as vllm_backend
+from ac2_core.generation.scoring import score_inputs
+from ac2_core.models.critic import Critic
 from ac2_core.models.hf import load_model, save_model
-from ac2_core.models.store import ModelStore
+from ac2_core.models.store import Checkpoint, ModelStore
+from ac2_core.stages import inprocess
 from ac2_core.stages.common import Problems, prompt_ids
 from ac2_core.stages.layout import RunLayout
 from ac2_core.stages.update_actor import token_logprobs
@@ -235,3 +240,73 @@ def test_generate_chunks_and_evaluate_run_on_vllm(vcfg, run_dir):
         )
     for i, c in enumerate(chunks):
         torch.testing.assert_close(lp[i, : len(c["token_ids"])], torch.tensor(c["logprobs"]), atol=LOGPROB_ATOL, rtol=0)
+
+
+# Critic scoring on a vLLM pooling engine. Measured max |dV| against the batched forward:
+# 3e-7 (toy model) and 1e-6 (25M parameters), both float32 (bench/results/critic_scoring.md).
+VALUE_ATOL = 1e-5
+
+
+def _critic_with_a_head(src: Path, dest: Path, *, seed: int, noise: float = 0.0):
+    """The bootstrap critic with a random head (its zero head scores 0.5 everywhere, which
+    would match anything), and optionally its backbone perturbed; saved to ``dest``."""
+    critic, tok = Critic.load(src)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        w = critic.value_head.weight
+        w.copy_(torch.randn(w.shape, generator=g) * 4 / w.shape[1] ** 0.5)
+        critic.value_head.bias.fill_(0.1)
+        for p in critic.backbone.parameters():
+            p.add_(noise * torch.randn(p.shape, generator=g))
+    critic.save(dest, tok)
+    return critic.eval(), tok
+
+
+def test_critic_values_on_the_vllm_pooling_engine_match_the_batched_forward(vcfg, _bootstrap_dir, tmp_path):
+    settings = vllm_backend.EngineSettings.from_config(vcfg)
+    rng = random.Random(0)
+    first_values = None
+    for i, noise in enumerate((0.0, 0.05)):  # the second checkpoint is loaded into the running engine
+        critic, tok = _critic_with_a_head(Path(_bootstrap_dir) / "critic", tmp_path / f"critic-{i}", seed=i, noise=noise)
+        if i == 0:
+            inputs = [[rng.randrange(4, len(tok)) for _ in range(rng.randint(4, 64))] for _ in range(40)]
+            inputs += inputs[:5]  # repeated inputs (a group's shared start state)
+        ours = vllm_backend.score(tmp_path / f"critic-{i}", critic.value_head, inputs, settings=settings)
+        ref = score_inputs(critic, inputs, pad_id=tok.pad_token_id, batch_size=16)
+        assert max(abs(a - b) for a, b in zip(ours, ref)) < VALUE_ATOL
+        assert statistics.pstdev(ref) > 0.02  # values that vary: a wrong h_last could not match by chance
+        if i == 0:
+            engine, first_values = vllm_backend.engine(tmp_path / "critic-0", settings, role="score"), ours
+        else:
+            assert vllm_backend.engine(tmp_path / "critic-1", settings, role="score") is engine
+            assert max(abs(a - b) for a, b in zip(ours, first_values)) > 1e-3  # the new weights, not the old
+
+
+def test_score_chunks_on_vllm_matches_hf(vcfg, tiny_cfg, run_dir):
+    layout = RunLayout(str(run_dir))
+    calls = {name: (fn, kwargs) for name, fn, kwargs in inprocess.stage_calls(tiny_cfg, layout, 1)}
+    for name in ("sample_prefixes", "generate_chunks"):
+        fn, kwargs = calls[name]
+        inprocess.call_stage(tiny_cfg, fn, 1, kwargs)
+    critic, tok = _critic_with_a_head(Path(layout.bootstrap("critic")), run_dir / "critic-folder", seed=3)
+    critic_uri = str(run_dir / "critic-random-head")
+    ModelStore(tiny_cfg).save(critic_uri, Checkpoint("critic", critic, tok, version=0), stage="test")
+    fn, kwargs = calls["score_chunks"]
+    tables = {}
+    for backend in ("hf", "vllm"):
+        cfg = vcfg.model_copy(update={"critic": vcfg.critic.model_copy(update={"scoring_backend": backend})})
+        outs = {k: str(run_dir / backend / k) for k in ("out_scored_chunks", "out_critic_pairs")}
+        fn(cfg, iteration=1, **{**kwargs, "critic": critic_uri, **outs})
+        tables[backend] = {k: storage.read_rows(v, kind=k.removeprefix("out_")) for k, v in outs.items()}
+    for name, hf_rows in tables["hf"].items():
+        vllm_rows = tables["vllm"][name]
+        assert len(hf_rows) == len(vllm_rows) > 0
+        for a, b in zip(hf_rows, vllm_rows):
+            assert a.keys() == b.keys()
+            for key in a:
+                if isinstance(a[key], float):
+                    assert abs(a[key] - b[key]) < VALUE_ATOL, (name, key)
+                else:
+                    assert a[key] == b[key], (name, key)
+    predictions = [r["prediction"] for r in tables["hf"]["out_critic_pairs"]]
+    assert statistics.pstdev(predictions) > 0.01
