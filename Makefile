@@ -7,11 +7,11 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 CONFIG ?= pipelines/configs/toy.yaml
 OUT    ?= runs/toy
-# kfp: the pipeline itself through kfp.local (every task a fresh process), the default of `ac2 run`;
-# inprocess: the same stages in one process (RUNNER=inprocess ITERATIONS=50 takes about 8 minutes).
+# kfp: the pipeline itself through kfp.local (each task hands its stage to a warm task host),
+# the default of `ac2 run`; inprocess: the same stages in one process.
 RUNNER ?= kfp
-# a run length, not an algorithm setting: 18 kfp.local iterations fit 15 minutes on 2 cores (README, an estimate)
-ITERATIONS ?= 18
+# a run length, not an algorithm setting: 40 kfp.local iterations take about 10 minutes on 2 cores (README)
+ITERATIONS ?= 40
 
 .PHONY: setup train test clean
 

@@ -177,8 +177,7 @@ def main() -> None:
         f" (the toy's `critic.max_input_tokens`); hf batches of {cfg.critic.score_batch_size} rows"
         " (`critic.score_batch_size`). Best of the repeats, interleaved.",
         "",
-        "| model | backbone params | input tokens | hf tokens/s | vllm tokens/s | vllm / hf | vllm engine start s"
-        " | max abs dV |",
+        "| model | backbone params | input tokens | hf tokens/s | vllm tokens/s | vllm / hf | vllm engine start s | max abs dV |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -29,6 +30,8 @@ from pipelines import driver, taskhost
 
 Log = Callable[[str], None]
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# a stage's own progress lines, as kfp.local streams a task's output (indented by 4)
+PROGRESS = re.compile(r"^ {4}(warm start\b.*)$")
 _ERROR_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception)):\s*(.+)$")
 
 
@@ -74,15 +77,46 @@ def _tasks_import_this_code():
                 os.environ[k] = v
 
 
-def run_pipeline(pipeline, arguments: dict, pipeline_root: Path, label: str) -> dict[str, str]:
-    """Run one pipeline through kfp.local (output to ``logs/<label>.log``); returns its outputs."""
+@contextlib.contextmanager
+def _following(log_file: Path, progress: Log | None):
+    """Pass the stages' progress lines (``PROGRESS``) that land in ``log_file`` to ``progress``
+    while the block runs: the bootstrap's warm start runs for minutes."""
+    if progress is None:
+        yield
+        return
+    done = threading.Event()
+
+    def follow():
+        with open(log_file, errors="replace") as f:
+            while True:
+                finished = done.is_set()  # read once more after the pipeline ends
+                for line in f.readlines():
+                    if m := PROGRESS.match(_ANSI.sub("", line.rstrip("\n"))):
+                        progress(m.group(1))
+                if finished:
+                    return
+                done.wait(0.5)
+
+    follower = threading.Thread(target=follow, name="ac2-log-follower", daemon=True)
+    follower.start()
+    try:
+        yield
+    finally:
+        done.set()
+        follower.join(timeout=5)
+
+
+def run_pipeline(pipeline, arguments: dict, pipeline_root: Path, label: str, *, progress: Log | None = None) -> dict[str, str]:
+    """Run one pipeline through kfp.local (output to ``logs/<label>.log``, the stages'
+    progress lines also to ``progress``); returns its outputs."""
     log_file = pipeline_root / "logs" / f"{label}.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with (
-        open(log_file, "w") as sink,
+        open(log_file, "w", buffering=1) as sink,
         contextlib.redirect_stdout(sink),
         warnings.catch_warnings(),
         _tasks_import_this_code(),
+        _following(log_file, progress),
     ):
         # the image and display names are for clusters; locally every task runs in this environment
         warnings.filterwarnings("ignore", message=".*non-Python base image.*")
@@ -140,7 +174,7 @@ def _run(cfg: AC2Config, root: Path, out_dir: str, log: Log, bootstrap_from: str
         log(f"bootstrap adopted from {bootstrap_from}")
     if state.bootstrap is None:
         t0 = time.perf_counter()
-        state.bootstrap = run_pipeline(bootstrap_pipeline, {"config_json": cfg.to_json()}, root, "bootstrap")
+        state.bootstrap = run_pipeline(bootstrap_pipeline, {"config_json": cfg.to_json()}, root, "bootstrap", progress=log)
         state.save()
         log(f"bootstrap: {time.perf_counter() - t0:.1f}s")
     done = state.done

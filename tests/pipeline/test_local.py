@@ -171,3 +171,19 @@ def test_tasks_import_the_drivers_code_not_the_working_directorys(tmp_path, monk
         found = subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip()
     assert found == ac2_core.__file__ != decoy
     assert os.environ["PYTHONPATH"] == str(tmp_path) and "PYTHONSAFEPATH" not in os.environ  # restored
+
+
+def test_the_warm_starts_progress_in_a_task_log_reaches_the_console(tmp_path):
+    log_file = tmp_path / "bootstrap.log"
+    log_file.write_text("")
+    seen: list[str] = []
+    with local._following(log_file, seen.append), open(log_file, "a") as f:
+        # as kfp.local streams a task's output: its own lines, then the task's, indented by 4
+        f.write("10:00:00.000 - INFO - Executing task 'bootstrap'\n10:00:00.001 - INFO - Streamed logs:\n\n")
+        f.write("    warm start: SFT on 3968 worked solutions, up to 1000 steps, stop at score 0.2\n")
+        f.write("    warm start step 50/1000 loss 2.840 score 0.00\n")
+        f.write('    {"executor_input": "warm start step"}\n        warm start (deeper: not a stage line)\n')
+    assert seen == [
+        "warm start: SFT on 3968 worked solutions, up to 1000 steps, stop at score 0.2",
+        "warm start step 50/1000 loss 2.840 score 0.00",
+    ]
