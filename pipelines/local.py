@@ -13,10 +13,12 @@ kfp-kubernetes settings, and deletes its workspace folder after each run (ac2 us
 
 from __future__ import annotations
 
+import builtins
 import contextlib
+import io
 import os
 import re
-import threading
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -77,33 +79,32 @@ def _tasks_import_this_code():
                 os.environ[k] = v
 
 
-@contextlib.contextmanager
-def _following(log_file: Path, progress: Log | None):
-    """Pass the stages' progress lines (``PROGRESS``) that land in ``log_file`` to ``progress``
-    while the block runs: the bootstrap's warm start runs for minutes."""
-    if progress is None:
-        yield
-        return
-    done = threading.Event()
+class _LogSink(io.TextIOBase):
+    """kfp.local's output during a pipeline run: all of it to the log file, and the stages'
+    progress lines (``PROGRESS``; the warm start runs for minutes) also to ``progress``,
+    which prints to the stdout that was current before kfp's output was redirected here."""
 
-    def follow():
-        with open(log_file, errors="replace") as f:
-            while True:
-                finished = done.is_set()  # read once more after the pipeline ends
-                for line in f.readlines():
-                    if m := PROGRESS.match(_ANSI.sub("", line.rstrip("\n"))):
-                        progress(m.group(1))
-                if finished:
-                    return
-                done.wait(0.5)
+    def __init__(self, file, progress: Log | None, console):
+        self.file, self.progress, self.console, self.pending = file, progress, console, ""
+        self.print = builtins.print  # kfp.local indents task output by patching print while it streams
 
-    follower = threading.Thread(target=follow, name="ac2-log-follower", daemon=True)
-    follower.start()
-    try:
-        yield
-    finally:
-        done.set()
-        follower.join(timeout=5)
+    def write(self, text: str) -> int:
+        self.file.write(text)
+        if self.progress is not None:
+            *lines, self.pending = (self.pending + text).split("\n")
+            for line in lines:
+                if m := PROGRESS.match(_ANSI.sub("", line)):
+                    self.file.flush()
+                    patched, builtins.print = builtins.print, self.print  # kfp prints from this same thread
+                    try:
+                        with contextlib.redirect_stdout(self.console):
+                            self.progress(m.group(1))
+                    finally:
+                        builtins.print = patched
+        return len(text)
+
+    def flush(self) -> None:
+        self.file.flush()
 
 
 def run_pipeline(pipeline, arguments: dict, pipeline_root: Path, label: str, *, progress: Log | None = None) -> dict[str, str]:
@@ -113,10 +114,9 @@ def run_pipeline(pipeline, arguments: dict, pipeline_root: Path, label: str, *, 
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with (
         open(log_file, "w", buffering=1) as sink,
-        contextlib.redirect_stdout(sink),
+        contextlib.redirect_stdout(_LogSink(sink, progress, sys.stdout)),
         warnings.catch_warnings(),
         _tasks_import_this_code(),
-        _following(log_file, progress),
     ):
         # the image and display names are for clusters; locally every task runs in this environment
         warnings.filterwarnings("ignore", message=".*non-Python base image.*")

@@ -3,6 +3,8 @@ single-stage re-runs, identity with the inprocess runner, resuming, and ``ac2 re
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -11,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from kfp.local.logging_utils import indented_print
 
 import ac2_core
 from ac2_core import storage
@@ -174,16 +177,19 @@ def test_tasks_import_the_drivers_code_not_the_working_directorys(tmp_path, monk
 
 
 def test_the_warm_starts_progress_in_a_task_log_reaches_the_console(tmp_path):
-    log_file = tmp_path / "bootstrap.log"
-    log_file.write_text("")
-    seen: list[str] = []
-    with local._following(log_file, seen.append), open(log_file, "a") as f:
-        # as kfp.local streams a task's output: its own lines, then the task's, indented by 4
-        f.write("10:00:00.000 - INFO - Executing task 'bootstrap'\n10:00:00.001 - INFO - Streamed logs:\n\n")
-        f.write("    warm start: SFT on 3968 worked solutions, up to 1000 steps, stop at score 0.2\n")
-        f.write("    warm start step 50/1000 loss 2.840 score 0.00\n")
-        f.write('    {"executor_input": "warm start step"}\n        warm start (deeper: not a stage line)\n')
+    console, seen = io.StringIO(), []
+    with open(tmp_path / "bootstrap.log", "w") as log_file:
+        sink = local._LogSink(log_file, lambda line: print(f"progress: {line}"), console)
+        with contextlib.redirect_stdout(sink), indented_print():  # as kfp.local streams a task's output
+            print("warm start: SFT on 3968 worked solutions, up to 1000 steps", end="\n")
+            for part in ("    warm start step 50/1000", " loss 2.840\n"):  # a line in two writes
+                sys.stdout.write(part)
+            print('{"executor_input": "warm start step"}')
+            print("    warm start (deeper: not a stage line)")
+            seen = console.getvalue().splitlines()
     assert seen == [
-        "warm start: SFT on 3968 worked solutions, up to 1000 steps, stop at score 0.2",
-        "warm start step 50/1000 loss 2.840 score 0.00",
+        "progress: warm start: SFT on 3968 worked solutions, up to 1000 steps",
+        "progress: warm start step 50/1000 loss 2.840",
     ]
+    log = (tmp_path / "bootstrap.log").read_text()
+    assert log.count("    warm start") == 3 and "progress:" not in log
