@@ -149,7 +149,8 @@ def call(target: str, config_path: str, kwargs: dict, outputs: list[str] = (), *
             conn.connect(address)
         except OSError as e:
             raise HostUnavailable(f"no task host at {address}: {e}") from None
-        socket.send_fds(conn, [request], [sys.stdout.fileno(), sys.stderr.fileno()])
+        sent = socket.send_fds(conn, [request], [sys.stdout.fileno(), sys.stderr.fileno()])
+        conn.sendall(request[sent:])  # the environment travels too: a large one may not go in one message
         conn.shutdown(socket.SHUT_WR)
         started, reply = _read_reply(conn)
     if not started:  # the host closed the call without forking: nothing ran

@@ -53,7 +53,7 @@ def test_a_worker_is_a_new_process_with_the_tasks_output_environment_and_directo
     assert first["value"] == [1, "two"] and first["run_id"] == host.cfg.run_id and result.seconds >= 0
     assert first["probe"] == "set by the task" and first["cwd"] == str(tmp_path)
     assert first["numpy_float"] == 0.5
-    # a fresh process per call, forked by the same host, which is neither this process nor its child's child
+    # a fresh process per call, both forked by the same host (not this process)
     assert len({first["pid"], second["pid"], os.getpid()}) == 3
     assert first["ppid"] == second["ppid"] != os.getpid()
     out, err = capfd.readouterr()  # the worker wrote to this process's own stdout and stderr
@@ -132,3 +132,8 @@ def test_a_task_with_a_host_imports_nothing_heavy():
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, env={**os.environ, "_KFP_RUNTIME": "true"}
     ).stdout
     assert out.strip() == "[]"
+
+
+def test_a_large_environment_reaches_the_worker_whole(host, monkeypatch):
+    monkeypatch.setenv("AC2_TEST_PROBE", "x" * 600_000)  # far more than a socket buffer holds
+    assert call(host, "echo", value=0).stats["probe"] == "x" * 600_000
