@@ -199,9 +199,10 @@ def _rebuilt(error: dict) -> BaseException:
 def serve(address: str) -> None:
     """Bind ``address``, import the stage code, then fork a worker per connection, forever."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(address)
-    os.chmod(address, 0o600)
+    listener.bind(address + ".new")
+    os.chmod(address + ".new", 0o600)
     listener.listen(64)
+    os.rename(address + ".new", address)  # so that a socket file at ``address`` always listens
     t0 = time.perf_counter()
     for name in preload_modules():
         try:
