@@ -25,7 +25,9 @@ there, stages run for minutes and the imports are noise.
 
 The host binds its socket before it imports, so tasks that arrive early wait in the
 accept queue. It runs in its own session and is stopped with its workers by process group
-(``running``). A task whose host is gone runs the stage itself and says so.
+(``running``). A task whose host is gone runs the stage itself and says so; so does a task
+whose host imported ac2 source files that have changed since (a cold task would run the new
+code).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from typing import NamedTuple
 ENV = "AC2_TASK_HOST"  # the host's socket path, set for kfp.local's task processes
 READY = "ready"  # a file next to the socket once the imports are done
 _STARTED = b"+"  # a worker's first byte: from here on, the stage may have run
+_REFUSED = b"-"  # the host's first byte when it runs nothing, then why
 _HEADER = struct.Struct("!I")  # a reply's length
 _MAX_CALL = 1 << 20
 
@@ -154,7 +157,7 @@ def call(target: str, config_path: str, kwargs: dict, outputs: list[str] = (), *
         conn.shutdown(socket.SHUT_WR)
         started, reply = _read_reply(conn)
     if not started:  # the host closed the call without forking: nothing ran
-        raise HostUnavailable(f"the task host at {address} closed the call unanswered")
+        raise HostUnavailable(f"the task host at {address} refused the call: {reply or 'no reason given'}")
     if reply is None:
         raise RuntimeError(f"the task host's worker for {target} died before it replied (killed? out of memory?)")
     if "error" in reply:
@@ -162,14 +165,14 @@ def call(target: str, config_path: str, kwargs: dict, outputs: list[str] = (), *
     return Result(**reply)
 
 
-def _read_reply(conn: socket.socket) -> tuple[bool, dict | None]:
-    """(whether a worker started, its reply if it finished one)."""
+def _read_reply(conn: socket.socket) -> tuple[bool, dict | str | None]:
+    """(whether a worker started, its reply if it finished one or the host's refusal)."""
     data = b""
     with contextlib.suppress(ConnectionResetError):  # a host that exits resets the calls it queued
         while chunk := conn.recv(65536):
             data += chunk
     if not data.startswith(_STARTED):
-        return False, None
+        return False, data[len(_REFUSED) :].decode(errors="replace") if data.startswith(_REFUSED) else None
     data = data[len(_STARTED) :]
     if len(data) < _HEADER.size:
         return True, None
@@ -212,6 +215,7 @@ def serve(address: str) -> None:
     print(f"taskhost: imports done in {time.perf_counter() - t0:.1f}s; {_threads()}", flush=True)
     if threading.active_count() != 1:  # a lock another Python thread holds at fork stays held in the worker
         raise SystemExit(f"taskhost: {threading.active_count()} Python threads after the imports; forking is unsafe")
+    imported = _source_files()
     Path(address).with_name(READY).touch()
     signal.signal(signal.SIGCHLD, _reap)  # reaped here, so their CPU time counts as this process's children's
     signal.signal(signal.SIGTERM, _stop)
@@ -220,8 +224,13 @@ def serve(address: str) -> None:
         try:
             request, fds = _receive(conn)
         except Exception as e:  # a malformed call: refuse it, keep serving
-            print(f"taskhost: refused a call: {e}", flush=True)
-            conn.close()
+            _refuse(conn, f"a malformed call ({e})")
+            continue
+        if changed := _changed(imported):
+            # a cold task would run the new code: so the task runs its stage itself
+            _refuse(conn, f"{changed} changed since the host imported it")
+            for fd in fds:
+                os.close(fd)
             continue
         sys.stdout.flush()
         sys.stderr.flush()
@@ -231,6 +240,33 @@ def serve(address: str) -> None:
         conn.close()
         for fd in fds:
             os.close(fd)
+
+
+def _refuse(conn: socket.socket, why: str) -> None:
+    print(f"taskhost: refused a call: {why}", flush=True)
+    with contextlib.suppress(OSError):
+        conn.sendall(_REFUSED + why.encode())
+    conn.close()
+
+
+def _source_files() -> dict[str, int]:
+    """The modification time of each source file of ac2's own packages that is imported."""
+    files = {}
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if name.split(".")[0] in ("ac2_core", "components", "pipelines") and path:
+            files[path] = os.stat(path).st_mtime_ns
+    return files
+
+
+def _changed(files: dict[str, int]) -> str | None:
+    for path, mtime in files.items():
+        try:
+            if os.stat(path).st_mtime_ns != mtime:
+                return path
+        except FileNotFoundError:
+            return path
+    return None
 
 
 def _reap(*_) -> None:

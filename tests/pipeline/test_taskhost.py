@@ -137,3 +137,22 @@ def test_a_task_with_a_host_imports_nothing_heavy():
 def test_a_large_environment_reaches_the_worker_whole(host, monkeypatch):
     monkeypatch.setenv("AC2_TEST_PROBE", "x" * 600_000)  # far more than a socket buffer holds
     assert call(host, "echo", value=0).stats["probe"] == "x" * 600_000
+
+
+def test_a_task_runs_new_code_itself_when_the_hosts_sources_changed(tmp_path, capfd):
+    from ac2_core.stages import layout  # imported by the host; only its modification time changes here
+
+    (tmp_path / CONFIG_FILE).write_text(tiny_config().to_json())
+    config, source = SimpleNamespace(path=str(tmp_path)), Path(layout.__file__)
+    before = source.stat()
+    with started(tmp_path) as address:
+        taskhost.wait_ready(address)
+        assert run_stage(f"{TARGETS}:echo", config, value=1)["pid"] != os.getpid()  # a worker of the host
+        os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+        try:
+            stats = run_stage(f"{TARGETS}:echo", config, value=2)
+        finally:
+            os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert stats["value"] == 2 and stats["pid"] == os.getpid()  # as a cold task would: with the code on disk now
+    err = capfd.readouterr().err
+    assert f"refused the call: {source} changed since the host imported it; running {TARGETS}:echo" in err
