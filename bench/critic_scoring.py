@@ -12,7 +12,8 @@ model size:
 
     hf        ``ac2_core.generation.scoring.score_inputs`` (length-sorted padded batches,
               ``critic.score_batch_size`` rows), the path ``score_chunks`` takes
-    vllm      ``LLM.embed`` on the same token ids, then the head
+    vllm      ``ac2_core.generation.vllm.score`` on the same token ids (``critic.scoring_backend:
+              vllm``): ``LLM.embed``, then the head
 
 Both score the same random inputs (lengths uniform in [32, ``critic.max_input_tokens``],
 as the toy's critic inputs run), interleaved, best of ``--repeats``. The engine's start is
@@ -40,12 +41,11 @@ SIZES = {  # TinyModelConfig overrides; "toy" is the toy config's own model
     "toy": {},
     "medium": {"hidden_size": 512, "num_layers": 8, "num_heads": 8, "num_kv_heads": 4, "head_dim": 64, "intermediate_size": 1536},
 }
-HEAD = "value_head.safetensors"
 
 
 def build_critic(cfg, size: str, folder: Path):
     """A seeded critic of ``size`` with a random head (a zero head scores 0.5 everywhere),
-    saved to ``folder``; returns (critic, tokenizer, folder vLLM reads)."""
+    saved to ``folder``; returns (critic, tokenizer)."""
     import torch
 
     from ac2_core.models.critic import Critic
@@ -60,12 +60,7 @@ def build_critic(cfg, size: str, folder: Path):
         torch.manual_seed(cfg.seed)
         torch.nn.init.normal_(critic.value_head.weight, std=1.0 / tiny.hidden_size**0.5)
     critic.save(folder, tok)
-    view = folder.with_name(folder.name + "-vllm")  # the backbone's files; vLLM would load the head as weights
-    view.mkdir()
-    for f in folder.iterdir():
-        if f.name != HEAD:
-            (view / f.name).symlink_to(f)
-    return critic.eval(), tok, view
+    return critic.eval(), tok
 
 
 def random_inputs(n: int, longest: int, vocab: int, seed: int) -> list[list[int]]:
@@ -75,46 +70,21 @@ def random_inputs(n: int, longest: int, vocab: int, seed: int) -> list[list[int]
     return [[rng.randrange(4, vocab) for _ in range(rng.randint(32, longest))] for _ in range(n)]
 
 
-def vllm_engine(view: Path, longest: int):
-    import vllm
-    from vllm.config import PoolerConfig
-
-    return vllm.LLM(
-        model=str(view),
-        runner="pooling",
-        convert="embed",
-        hf_overrides={"architectures": ["Qwen3ForCausalLM"]},  # the backbone is saved as Qwen3Model
-        pooler_config=PoolerConfig(pooling_type="LAST", use_activation=False),
-        dtype="float32",  # (the pooling runner wants a tokenizer at start, though ids go in)
-        enforce_eager=True,
-        gpu_memory_utilization=0.5,  # on CPU: the share of RAM vLLM may take
-        kv_cache_memory_bytes=1 << 30,
-        max_model_len=longest,
-        enable_chunked_prefill=False,
-        max_num_batched_tokens=max(longest, 8192),
-        seed=0,
-    )
-
-
-def vllm_values(llm, head, inputs: list[list[int]]) -> list[float]:
-    import torch
-    from vllm.inputs import TokensPrompt
-
-    outs = llm.embed([TokensPrompt(prompt_token_ids=x) for x in inputs], use_tqdm=False)
-    hidden = torch.tensor([o.outputs.embedding for o in outs], dtype=torch.float32)
-    with torch.no_grad():
-        return torch.sigmoid(head(hidden).squeeze(-1)).tolist()
-
-
 def measure(cfg, size: str, n: int, repeats: int, work: Path) -> dict:
+    from ac2_core.generation import vllm as vllm_backend
     from ac2_core.generation.scoring import score_inputs
 
-    critic, tok, view = build_critic(cfg, size, work / f"critic-{size}")
+    folder = work / f"critic-{size}"
+    critic, tok = build_critic(cfg, size, folder)
     longest = cfg.critic.max_input_tokens
     inputs = random_inputs(n, longest, len(tok), cfg.seed)
     tokens = sum(map(len, inputs))
+    # on CPU: eager, 1 GiB of KV cache, and at most half the RAM (vLLM checks it at start)
+    settings = vllm_backend.EngineSettings(
+        enforce_eager=True, kv_cache_gib=1.0, gpu_memory_utilization=0.5, max_model_len=longest
+    )
     t0 = time.perf_counter()
-    llm = vllm_engine(view, longest)
+    vllm_backend.engine(folder, settings, role="score")
     engine_start = time.perf_counter() - t0
     hf_times, vllm_times = [], []
     for _ in range(repeats):  # interleaved, so load falls on both alike
@@ -122,13 +92,12 @@ def measure(cfg, size: str, n: int, repeats: int, work: Path) -> dict:
         hf = score_inputs(critic, inputs, pad_id=tok.pad_token_id, batch_size=cfg.critic.score_batch_size)
         hf_times.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        vl = vllm_values(llm, critic.value_head, inputs)
+        vl = vllm_backend.score(folder, critic.value_head, inputs, settings=settings)
         vllm_times.append(time.perf_counter() - t0)
-    llm.llm_engine.engine_core.shutdown()
-    params = sum(p.numel() for p in critic.backbone.parameters())
+    vllm_backend.release()
     return {
         "size": size,
-        "params": params,
+        "params": sum(p.numel() for p in critic.backbone.parameters()),
         "inputs": n,
         "tokens": tokens,
         "hf_s": min(hf_times),

@@ -312,8 +312,10 @@ def score(model_dir: str | Path, head, inputs: list[list[int]], *, settings: Eng
     import torch
     from vllm.inputs import TokensPrompt
 
+    from ac2_core.generation.scoring import unique_inputs
+
     llm = engine(model_dir, settings, role="score")
-    unique = list(dict.fromkeys(map(tuple, inputs)))
+    unique = unique_inputs(inputs)
     outputs = llm.embed([TokensPrompt(prompt_token_ids=list(x)) for x in unique], use_tqdm=False)
     param = head.weight
     hidden = torch.tensor([o.outputs.embedding for o in outputs], dtype=torch.float32).to(param.device, param.dtype)
