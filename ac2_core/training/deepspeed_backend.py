@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import atexit
 import copy
 import json
 import os
@@ -64,6 +65,13 @@ def init_distributed() -> None:
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
+    # the group is this process's own: close it at exit (NCCL warns of leaked resources otherwise)
+    atexit.register(_destroy_process_group)
+
+
+def _destroy_process_group() -> None:
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 class Trainer(WarmupFromOptimizerState):
