@@ -111,8 +111,7 @@ def kfp_iteration(cfg, boot: dict, root: Path, label: str, *, warm: bool) -> dic
     host_start = 0.0
     with contextlib.ExitStack() as stack:
         if warm:  # the host starts once per `ac2 run`: its start is timed apart, its CPU is counted
-            with local._tasks_import_this_code():
-                address = stack.enter_context(taskhost.running(root / "logs" / f"{label}-taskhost.log"))
+            address = stack.enter_context(local.warm_task_host(root / "logs" / f"{label}-taskhost.log"))
             host_start = time.perf_counter() - t0 + taskhost.wait_ready(address)
         t1 = time.perf_counter()
         outs = local.run_pipeline(iteration_pipeline, driver.iteration_arguments(cfg, boot, None, 1), root, label)

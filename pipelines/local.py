@@ -21,7 +21,7 @@ import re
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import ac2_core
@@ -77,6 +77,17 @@ def _tasks_import_this_code():
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextlib.contextmanager
+def warm_task_host(log_file: Path) -> Iterator[str]:
+    """A warm task host (``pipelines.taskhost.running``) that imports the code this process
+    runs, as the tasks do; yields its address. The import path is set for its start only:
+    it keeps it."""
+    with contextlib.ExitStack() as stack:
+        with _tasks_import_this_code():
+            address = stack.enter_context(taskhost.running(log_file))
+        yield address
 
 
 class _LogSink(io.TextIOBase):
@@ -157,8 +168,7 @@ def run(
     with contextlib.ExitStack() as stack:
         stack.enter_context(storage.using(cfg.storage))
         if task_host:
-            with _tasks_import_this_code():  # the host imports the code its tasks would
-                stack.enter_context(taskhost.running(root / "logs" / "taskhost.log"))
+            stack.enter_context(warm_task_host(root / "logs" / "taskhost.log"))
         return _run(cfg, root, out_dir, log, bootstrap_from)
 
 

@@ -4,7 +4,6 @@ is stopped with its workers."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
@@ -23,20 +22,12 @@ from tests.conftest import tiny_config
 TARGETS = "tests.pipeline.taskhost_targets"
 
 
-@contextlib.contextmanager
-def started(folder: Path):
-    with contextlib.ExitStack() as stack:
-        with local._tasks_import_this_code():
-            address = stack.enter_context(taskhost.running(folder / "taskhost.log"))
-        yield address
-
-
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
     folder = tmp_path_factory.mktemp("taskhost")
     cfg = tiny_config()
     (folder / CONFIG_FILE).write_text(cfg.to_json())
-    with started(folder) as address:
+    with local.warm_task_host(folder / "taskhost.log") as address:
         taskhost.wait_ready(address)
         yield SimpleNamespace(address=address, config=str(folder / CONFIG_FILE), cfg=cfg, log=folder / "taskhost.log")
 
@@ -97,7 +88,7 @@ def test_stopping_the_host_stops_its_running_workers(tmp_path):
             outcome["error"] = str(e)
 
     before = os.environ.get(taskhost.ENV)
-    with started(tmp_path) as address:
+    with local.warm_task_host(tmp_path / "taskhost.log") as address:
         assert os.environ[taskhost.ENV] == address
         thread = threading.Thread(target=task, args=(address,))
         thread.start()
@@ -145,7 +136,7 @@ def test_a_task_runs_new_code_itself_when_the_hosts_sources_changed(tmp_path, ca
     (tmp_path / CONFIG_FILE).write_text(tiny_config().to_json())
     config, source = SimpleNamespace(path=str(tmp_path)), Path(layout.__file__)
     before = source.stat()
-    with started(tmp_path) as address:
+    with local.warm_task_host(tmp_path / "taskhost.log") as address:
         taskhost.wait_ready(address)
         assert run_stage(f"{TARGETS}:echo", config, value=1)["pid"] != os.getpid()  # a worker of the host
         os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
