@@ -226,20 +226,20 @@ def serve(address: str) -> None:
         except Exception as e:  # a malformed call: refuse it, keep serving
             _refuse(conn, f"a malformed call ({e})")
             continue
-        if changed := _changed(imported):
-            # a cold task would run the new code: so the task runs its stage itself
-            _refuse(conn, f"{changed} changed since the host imported it")
+        try:
+            if changed := _changed(imported):
+                # a cold task would run the new code: so the task runs its stage itself
+                _refuse(conn, f"{changed} changed since the host imported it")
+                continue
+            sys.stdout.flush()
+            sys.stderr.flush()
+            if os.fork() == 0:
+                listener.close()
+                _work(conn, request, fds)  # never returns
+            conn.close()
+        finally:  # the worker has its own copies of the task's stdout and stderr
             for fd in fds:
                 os.close(fd)
-            continue
-        sys.stdout.flush()
-        sys.stderr.flush()
-        if os.fork() == 0:
-            listener.close()
-            _work(conn, request, fds)  # never returns
-        conn.close()
-        for fd in fds:
-            os.close(fd)
 
 
 def _refuse(conn: socket.socket, why: str) -> None:
@@ -353,7 +353,8 @@ def running(log_file: Path) -> Iterator[str]:
         )
     saved = os.environ.get(ENV)
     try:
-        _wait_for_socket(host, address, log_file)
+        # the host listens before it imports, so this waits for the interpreter's start only
+        _wait_for(Path(address), f"the task host to listen at {address} (log: {log_file})", 60, host)
         os.environ[ENV] = address
         yield address
     finally:
@@ -375,23 +376,19 @@ def running(log_file: Path) -> Iterator[str]:
 def wait_ready(address: str, timeout: float = 300) -> float:
     """Block until the host at ``address`` has done its imports (tasks need not: they queue);
     returns the seconds waited."""
+    return _wait_for(Path(address).with_name(READY), f"the task host at {address} to finish its imports", timeout)
+
+
+def _wait_for(path: Path, what: str, timeout: float, host: subprocess.Popen | None = None) -> float:
+    """Seconds until ``path`` exists; an error if ``timeout`` passes or ``host`` exits first."""
     start = time.monotonic()
-    while not Path(address).with_name(READY).exists():
+    while not path.exists():
+        if host is not None and host.poll() is not None:
+            raise RuntimeError(f"waiting for {what}: the task host exited with status {host.returncode}")
         if time.monotonic() - start > timeout:
-            raise TimeoutError(f"the task host at {address} did not finish its imports in {timeout:.0f}s")
-        time.sleep(0.05)
-    return time.monotonic() - start
-
-
-def _wait_for_socket(host: subprocess.Popen, address: str, log_file: Path, timeout: float = 60) -> None:
-    # the host binds before it imports, so this is the interpreter's start, not the imports
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(address):
-        if host.poll() is not None:
-            raise RuntimeError(f"the task host exited with status {host.returncode} at start (log: {log_file})")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the task host did not bind {address} in {timeout:.0f}s (log: {log_file})")
+            raise TimeoutError(f"waited {timeout:.0f}s for {what}")
         time.sleep(0.02)
+    return time.monotonic() - start
 
 
 def main(argv: list[str] | None = None) -> None:
