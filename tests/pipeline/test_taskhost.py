@@ -126,7 +126,7 @@ def test_a_task_with_a_host_imports_nothing_heavy():
 
 
 def test_a_large_environment_reaches_the_worker_whole(host, monkeypatch):
-    monkeypatch.setenv("AC2_TEST_PROBE", "x" * 600_000)  # far more than a socket buffer holds
+    monkeypatch.setenv("AC2_TEST_PROBE", "x" * 600_000)  # the call carries the environment: it must fit, whole
     assert call(host, "echo", value=0).stats["probe"] == "x" * 600_000
 
 
