@@ -39,7 +39,7 @@ def prepare_bootstrap(cfg, layout, source: str | None) -> None:
     """Adopt ``source``'s bootstrap when given, else make one; either way not measured."""
     import time
 
-    from ac2_core.stages import inprocess
+    from ac2_core.runner import inprocess
 
     t0 = time.perf_counter()
     if source:

@@ -40,8 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ac2_core.models.store import ModelStore  # noqa: E402
-from ac2_core.stages import inprocess  # noqa: E402
-from ac2_core.stages.layout import STAGES, RunLayout  # noqa: E402
+from ac2_core.runner import inprocess  # noqa: E402
+from ac2_core.runner.layout import STAGES, RunLayout  # noqa: E402
 from pipelines import driver, local  # noqa: E402
 
 TOY = ROOT / "pipelines" / "configs" / "toy.yaml"

@@ -56,9 +56,9 @@ from ac2_core import storage  # noqa: E402
 from ac2_core.config import AC2Config, load_config  # noqa: E402
 from ac2_core.models.hf import load_model  # noqa: E402
 from ac2_core.models.store import ModelStore  # noqa: E402
-from ac2_core.stages import inprocess  # noqa: E402
+from ac2_core.runner import inprocess  # noqa: E402
+from ac2_core.runner.layout import RunLayout  # noqa: E402
 from ac2_core.stages.common import prompt_ids  # noqa: E402
-from ac2_core.stages.layout import RunLayout  # noqa: E402
 from ac2_core.tasks import grade  # noqa: E402
 from bench._common import add_run_arguments, prepare_bootstrap, publish, set_threads  # noqa: E402
 from bench.stage_throughput import IO_KINDS, StageClock  # noqa: E402

@@ -86,8 +86,8 @@ def run_seed(args: argparse.Namespace, seed: int) -> None:
 
     from ac2_core import storage
     from ac2_core.models.store import ModelStore
-    from ac2_core.stages import inprocess
-    from ac2_core.stages.layout import RunLayout
+    from ac2_core.runner import inprocess
+    from ac2_core.runner.layout import RunLayout
 
     torch.set_num_threads(args.threads)
     cfgs = configs_for(args, seed)
@@ -130,7 +130,7 @@ def run_seed(args: argparse.Namespace, seed: int) -> None:
 
 
 def bootstrap_layout(args: argparse.Namespace):
-    from ac2_core.stages.layout import RunLayout
+    from ac2_core.runner.layout import RunLayout
 
     return RunLayout(str(Path(args.out) / "bootstrap"))
 
@@ -140,7 +140,7 @@ def make_bootstrap(args: argparse.Namespace) -> None:
     import torch
 
     from ac2_core import storage
-    from ac2_core.stages import inprocess
+    from ac2_core.runner import inprocess
 
     boot = bootstrap_layout(args)
     if storage.exists(boot.bootstrap("metrics")):
@@ -279,7 +279,7 @@ def diagnose(run_dir: Path) -> dict:
 
     from ac2_core import storage
     from ac2_core.math.readiness import auc_error
-    from ac2_core.stages.layout import RunLayout
+    from ac2_core.runner.layout import RunLayout
 
     layout, it = RunLayout(str(run_dir)), 1
     tokens = {"full": 0, "chunk": 0}

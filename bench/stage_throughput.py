@@ -53,8 +53,9 @@ from ac2_core.config import AC2Config, ConfigError, load_config  # noqa: E402
 from ac2_core.generation import scoring  # noqa: E402
 from ac2_core.models.state import read_state  # noqa: E402
 from ac2_core.models.store import ModelStore  # noqa: E402
-from ac2_core.stages import evaluate, generate_chunks, inprocess  # noqa: E402
-from ac2_core.stages.layout import STAGES, RunLayout  # noqa: E402
+from ac2_core.runner import inprocess  # noqa: E402
+from ac2_core.runner.layout import STAGES, RunLayout  # noqa: E402
+from ac2_core.stages import evaluate, generate_chunks  # noqa: E402
 from ac2_core.training.torch_backend import Trainer  # noqa: E402
 from bench._common import add_run_arguments, prepare_bootstrap, publish, set_threads  # noqa: E402
 

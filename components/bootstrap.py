@@ -17,11 +17,11 @@ def bootstrap(
     readiness: Output[Dataset],
     metrics: Output[Dataset],
 ):
-    """Calls ``ac2_core.bootstrap.bootstrap``; ``replay`` .. ``metrics`` are ``EMPTY_STATE``."""
+    """Calls ``ac2_core.stages.bootstrap.bootstrap``; ``replay`` .. ``metrics`` are ``EMPTY_STATE``."""
     from components.io import run_stage
 
     run_stage(
-        "ac2_core.bootstrap:bootstrap",
+        "ac2_core.stages.bootstrap:bootstrap",
         config,
         outputs=(problems, actor, critic, replay, scored_chunks, readiness, metrics),
         problems=problems.path,

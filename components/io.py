@@ -59,7 +59,7 @@ def log_figures(metrics, row: dict) -> None:
 def write_report(markdown, metrics_uri: str) -> None:
     """The learning curve so far, as a Markdown table (a ``system.Markdown`` artifact)."""
     from ac2_core import storage
-    from components.report import metrics_markdown
+    from ac2_core.runner.report import metrics_markdown
 
     Path(markdown.path).parent.mkdir(parents=True, exist_ok=True)
     Path(markdown.path).write_text(metrics_markdown(storage.read_rows(metrics_uri, kind="metrics")) + "\n")

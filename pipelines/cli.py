@@ -23,8 +23,8 @@ from pathlib import Path
 import yaml
 
 from ac2_core.config import AC2Config, ConfigError, load_config
+from ac2_core.runner.report import metrics_markdown
 from ac2_core.storage import ArtifactError
-from components.report import metrics_markdown
 from pipelines.driver import PipelineFailed
 
 
@@ -64,7 +64,7 @@ def cmd_run(args) -> int:
     _log(f"config {args.config} ok (hash {cfg.config_hash()[:12]}), algorithm {cfg.algorithm}, runner {args.runner}, out {out}")
     match args.runner:
         case "inprocess":
-            from ac2_core.stages import inprocess
+            from ac2_core.runner import inprocess
 
             rows = inprocess.run(cfg, out, log=_log, bootstrap_from=args.bootstrap_from)
         case "kfp":

@@ -17,7 +17,7 @@ kfp.local 2.17.3 cannot resolve a OneOf of artifacts). Inputs that a stage reads
 under a config condition are wired unconditionally: ``score_chunks`` always gets the
 previous critic (for grpo, the bootstrap critic, which it does not read) and
 ``update_actor`` always gets the bootstrap actor as ``reference`` (read only when
-``actor.kl_beta > 0``). This mirrors ``ac2_core.stages.inprocess.stage_calls``.
+``actor.kl_beta > 0``). This mirrors ``ac2_core.runner.inprocess.stage_calls``.
 
 On a cluster, the ``cluster`` section of the config (``ac2_core.config.ClusterConfig``)
 decides what each task asks Kubernetes for: GPUs, the GPU image, CPU and memory, node

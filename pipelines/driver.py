@@ -76,7 +76,7 @@ def adopted_bootstrap(cfg: AC2Config, run_dir: str) -> dict[str, str]:
     if runs.exists():
         found = RunState.load(runs).bootstrap or {}
     else:
-        from ac2_core.stages.layout import RunLayout
+        from ac2_core.runner.layout import RunLayout
 
         found = {name: RunLayout(run_dir).bootstrap(name) for name in BOOTSTRAP_OUTPUTS}
     for name in BOOTSTRAP_OUTPUTS:

@@ -27,7 +27,7 @@ from pathlib import Path
 import ac2_core
 from ac2_core import storage
 from ac2_core.config import AC2Config
-from ac2_core.stages.inprocess import HEADER, format_row
+from ac2_core.runner.inprocess import HEADER, format_row
 from pipelines import driver, taskhost
 
 Log = Callable[[str], None]

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ac2_core import storage
-from ac2_core.stages.inprocess import completed_iterations
-from ac2_core.stages.layout import RunLayout
-from components.report import metrics_markdown
+from ac2_core.runner.inprocess import completed_iterations
+from ac2_core.runner.layout import RunLayout
+from ac2_core.runner.report import metrics_markdown
 from pipelines import driver
 
 RUNS_FILE = Path("kfp", "runs.json")

@@ -12,7 +12,7 @@ import inspect
 
 from ac2_core import storage
 from ac2_core.config import AC2Config
-from ac2_core.stages.layout import STAGES
+from ac2_core.runner.layout import STAGES
 
 _NOT_URIS = {"cfg", "iteration", "store", "progress"}
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from ac2_core import storage
 from ac2_core.config import AC2Config
-from ac2_core.stages.inprocess import HEADER, format_row
-from ac2_core.stages.layout import OUTPUTS
+from ac2_core.runner.inprocess import HEADER, format_row
+from ac2_core.runner.layout import OUTPUTS
 from pipelines import driver
 from pipelines.compile import PIPELINES, compile_pipeline
 from pipelines.dag import BOOTSTRAP_PIPELINE, ITERATION_PIPELINE

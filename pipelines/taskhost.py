@@ -62,10 +62,10 @@ _MAX_CALL = 1 << 20
 
 def preload_modules() -> list[str]:
     """What the host imports before it serves: every stage and what stages import lazily."""
-    from ac2_core.stages.layout import STAGES
+    from ac2_core.runner.layout import STAGES
 
     return [
-        "ac2_core.bootstrap",
+        "ac2_core.stages.bootstrap",
         *(f"ac2_core.stages.{stage}" for stage in STAGES),
         "ac2_core.stages.critic_io",
         "ac2_core.generation.scoring",
@@ -74,7 +74,7 @@ def preload_modules() -> list[str]:
         "ac2_core.training.torch_backend",
         "ac2_core.training.sft",
         "transformers.models.qwen3.modeling_qwen3",  # the built-in model's code (AutoModel resolves it lazily)
-        "components.report",
+        "ac2_core.runner.report",
         "s3fs",  # optional extra
     ]
 

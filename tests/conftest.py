@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from ac2_core.config import load_config
-from ac2_core.stages.inprocess import run_bootstrap
-from ac2_core.stages.layout import RunLayout
+from ac2_core.runner.inprocess import run_bootstrap
+from ac2_core.runner.layout import RunLayout
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "pipelines" / "configs" / "toy.yaml"

@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable
 
 from ac2_core import storage
-from ac2_core.bootstrap import EMPTY_STATE, bootstrap
 from ac2_core.config import AC2Config
 from ac2_core.models.store import ModelStore
+from ac2_core.runner.layout import RunLayout
 from ac2_core.stages import check_readiness, evaluate, generate_chunks, sample_prefixes, score_chunks, update_actor, update_critic
-from ac2_core.stages.layout import RunLayout
+from ac2_core.stages.bootstrap import EMPTY_STATE, bootstrap
 
 Log = Callable[[str], None]
 

@@ -29,8 +29,8 @@ import torch
 from ac2_core.config import AC2Config, load_config
 from ac2_core.models.device import device_of
 from ac2_core.models.store import ModelStore
-from ac2_core.stages import inprocess
-from ac2_core.stages.layout import RunLayout
+from ac2_core.runner import inprocess
+from ac2_core.runner.layout import RunLayout
 
 ROOT = Path(__file__).resolve().parents[2]
 TOY = ROOT / "pipelines" / "configs" / "toy.yaml"

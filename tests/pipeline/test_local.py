@@ -18,8 +18,8 @@ from kfp.local.logging_utils import indented_print
 import ac2_core
 from ac2_core import storage
 from ac2_core.models.store import ModelStore
-from ac2_core.stages import inprocess
-from ac2_core.stages.layout import OUTPUTS, RunLayout
+from ac2_core.runner import inprocess
+from ac2_core.runner.layout import OUTPUTS, RunLayout
 from pipelines import local
 from pipelines.cli import main
 from pipelines.driver import RunState

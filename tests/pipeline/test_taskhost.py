@@ -131,7 +131,7 @@ def test_a_large_environment_reaches_the_worker_whole(host, monkeypatch):
 
 
 def test_a_task_runs_new_code_itself_when_the_hosts_sources_changed(tmp_path, capfd):
-    from ac2_core.stages import layout  # imported by the host; only its modification time changes here
+    from ac2_core.runner import layout  # imported by the host; only its modification time changes here
 
     (tmp_path / CONFIG_FILE).write_text(tiny_config().to_json())
     config, source = SimpleNamespace(path=str(tmp_path)), Path(layout.__file__)

@@ -14,8 +14,8 @@ import torch
 
 from ac2_core.config import ConfigError
 from ac2_core.models.store import ModelStore
-from ac2_core.stages import inprocess
-from ac2_core.stages.layout import RunLayout
+from ac2_core.runner import inprocess
+from ac2_core.runner.layout import RunLayout
 from tests.conftest import TINY, tiny_config
 from tests.gpu.iteration import measure, report, write_report
 

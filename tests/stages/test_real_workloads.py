@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from ac2_core import storage
-from ac2_core.stages import inprocess
+from ac2_core.runner import inprocess
+from ac2_core.runner.layout import RunLayout
 from ac2_core.stages.check_readiness import advantages
-from ac2_core.stages.layout import RunLayout
 from tests.conftest import tiny_config
 
 RUBRIC = "Shows 2k + 2k = 2(2k) (7 pts)"

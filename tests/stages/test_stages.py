@@ -11,10 +11,11 @@ import torch
 
 from ac2_core import storage
 from ac2_core.models.store import ModelStore
+from ac2_core.runner import inprocess
+from ac2_core.runner.layout import OUTPUTS, RunLayout
 from ac2_core.schemas import TABLES
-from ac2_core.stages import inprocess, sample_prefixes
+from ac2_core.stages import sample_prefixes
 from ac2_core.stages.common import Problems, prompt_ids
-from ac2_core.stages.layout import OUTPUTS, RunLayout
 from ac2_core.stages.update_actor import token_logprobs
 from ac2_core.tasks import arith
 from tests.conftest import tiny_config

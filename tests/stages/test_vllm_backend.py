@@ -24,9 +24,9 @@ from ac2_core.generation.scoring import score_inputs
 from ac2_core.models.critic import Critic
 from ac2_core.models.hf import load_model, save_model
 from ac2_core.models.store import Checkpoint, ModelStore
-from ac2_core.stages import inprocess
+from ac2_core.runner import inprocess
+from ac2_core.runner.layout import RunLayout
 from ac2_core.stages.common import Problems, prompt_ids
-from ac2_core.stages.layout import RunLayout
 from ac2_core.stages.update_actor import token_logprobs
 from tests.conftest import tiny_config
 from tests.stages.test_stages import rows, run_stages

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from ac2_core import storage
-from ac2_core.stages import inprocess
-from ac2_core.stages.layout import OUTPUTS, RunLayout
+from ac2_core.runner import inprocess
+from ac2_core.runner.layout import OUTPUTS, RunLayout
 from pipelines.cli import main
 from tests.conftest import tiny_config
 

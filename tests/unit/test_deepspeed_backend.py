@@ -17,8 +17,8 @@ from safetensors.torch import load_file
 from ac2_core.models.store import ModelStore
 from ac2_core.models.tiny import build_tiny_model
 from ac2_core.models.tokenizer import build_tokenizer
-from ac2_core.stages import inprocess
-from ac2_core.stages.layout import RunLayout
+from ac2_core.runner import inprocess
+from ac2_core.runner.layout import RunLayout
 from ac2_core.training import deepspeed_backend
 from ac2_core.training.torch_backend import Trainer as TorchTrainer
 from tests.conftest import tiny_config
