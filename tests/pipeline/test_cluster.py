@@ -406,7 +406,7 @@ def test_every_readme_cluster_command_is_checked(k8s_copy, capsys):
             assert sourced == "k8s/base/s3-credentials.env"
         elif first == "export":
             name, _, value = shlex.split(command)[1].partition("=")
-            assert name == "AWS_ENDPOINT_URL_S3" and name in (ROOT / "ac2_core" / "storage.py").read_text()
+            assert name == "AWS_ENDPOINT_URL_S3" and name in (ROOT / "ac2_core" / "storage" / "uris.py").read_text()
             assert re.match(r"^http://localhost:\d+$", value)
         elif first == ".venv/bin/ac2":
             words = shell_words(command)[1:]

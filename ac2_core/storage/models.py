@@ -1,0 +1,101 @@
+"""Model directories: verified before use, pickle refused, remote ones cached locally by content hash."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from ac2_core.storage.artifacts import mismatch, read_manifest, sha256_file
+from ac2_core.storage.manifest import MANIFEST, ArtifactError
+from ac2_core.storage.remote import call, in_parallel, objects
+from ac2_core.storage.uris import Target, join, target
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
+def _refuse_pickle(files: list[str], uri: str) -> None:
+    pickles = [f for f in files if f.endswith(PICKLE_SUFFIXES)]
+    if pickles:
+        raise ArtifactError(f"{uri}: pickle-format file(s) {', '.join(sorted(pickles))}; ac2 loads safetensors only")
+    if not any(f.endswith(".safetensors") for f in files):
+        raise ArtifactError(f"{uri}: no .safetensors weights in this model directory")
+
+
+def _download_verified(t: Target, name: str, expected: dict, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        size = expected.get("bytes", 0)
+        call(t, f"download of {name}", "get_file", join(t.path, name), str(dest), nbytes=size, missing_ok=True)
+    except FileNotFoundError:
+        raise ArtifactError(f"{t.uri}: {name} is listed in the manifest but missing") from None
+    got = sha256_file(dest)
+    if got["sha256"] != expected["sha256"]:
+        raise mismatch(t.uri, name, got["sha256"], expected)
+
+
+def _verify_in_place(uri: str, path: str, files: dict[str, dict]) -> Path:
+    present = [p.relative_to(path).as_posix() for p in Path(path).rglob("*") if p.is_file()]
+    _refuse_pickle(present, uri)
+    for name, expected in files.items():
+        got = sha256_file(Path(path, name)) if Path(path, name).exists() else None
+        if got is None:
+            raise ArtifactError(f"{uri}: {name} is listed in the manifest but missing")
+        if got["sha256"] != expected["sha256"]:
+            raise ArtifactError(f"{uri}: {name} does not match its manifest")
+    return Path(path)
+
+
+def local_model_dir(uri: str, *, kind: str, cache_dir: str | None = None) -> Path:
+    """Verify a published model directory and return a local folder holding it.
+
+    Local artifacts are verified in place. Remote ones are downloaded in parallel, file by
+    file, into ``<cache_dir or $TMPDIR>/ac2-models/<content hash>``; every file is checked
+    against the manifest before the folder appears under that name, so a cached folder is
+    a verified one.
+    """
+    manifest = read_manifest(uri)
+    if manifest.kind != kind:
+        raise ArtifactError(f"{uri}: expected a {kind} model, found a {manifest.kind} artifact")
+    _refuse_pickle(list(manifest.files), uri)
+    t = target(uri)
+    if t.local:
+        return _verify_in_place(uri, t.path, manifest.files)
+    _refuse_pickle(objects(t), uri)  # also a pickle put beside the published files
+    root = Path(cache_dir or tempfile.gettempdir()) / "ac2-models" / manifest.content_hash
+    if (root / MANIFEST).exists() and (root / MANIFEST).read_text() == manifest.to_json():
+        os.utime(root)  # most recently used: the last to be evicted
+        return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".download-", dir=root.parent))
+    try:
+        jobs = [lambda n=n, e=e: _download_verified(t, n, e, staging / n) for n, e in sorted(manifest.files.items())]
+        in_parallel(jobs, t.section.io_threads)
+        (staging / MANIFEST).write_text(manifest.to_json())
+        if root.exists():  # a stale or partial folder of the same hash: the verified copy replaces it
+            shutil.rmtree(root, ignore_errors=True)
+        try:
+            os.replace(staging, root)
+        except OSError:
+            if not (root / MANIFEST).exists():  # not another process that finished the same download first
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    _evict(root.parent, keep=t.section.model_cache_entries, current=root)
+    return root
+
+
+def _evict(cache: Path, *, keep: int, current: Path) -> None:
+    """Keep the ``keep`` most recently used checkpoints of the download cache.
+
+    Each iteration publishes new checkpoints, so without a bound the cache of a long
+    run grows by two models an iteration (56 GB each for a 4B model with its optimizer).
+    """
+    entries = sorted(
+        (p for p in cache.iterdir() if p.is_dir() and not p.name.startswith(".") and p != current),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    for old in entries[keep - 1 :]:
+        shutil.rmtree(old, ignore_errors=True)
