@@ -1,9 +1,11 @@
 """One typed config tree for a whole ac2 run.
 
-Every knob of DESIGN.md section 2 lives here, documented in one line. The tree is
-frozen and forbids unknown keys, so a typo or an out-of-range value fails before any
-model loads, with a message that names the field (``rollout.group_size``). The config
-travels to every stage as one JSON document (``AC2Config.model_dump_json``).
+Every knob of the algorithm (docs/design.md section 2) lives here, documented in one
+line. The tree is frozen and forbids unknown keys, so a typo or an out-of-range value
+fails before any model loads, with a message that names the field
+(``rollout.group_size``). The config travels to every stage as one JSON document
+(``AC2Config.model_dump_json``). The sections shared by all (``base``) and the Kubernetes
+settings of the ``cluster`` section (``cluster``) have modules of their own.
 """
 
 from __future__ import annotations
@@ -15,18 +17,13 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from ac2_core.config.base import ConfigError, Section, plain_url
+from ac2_core.config.cluster import ClusterConfig
 
 
-class ConfigError(ValueError):
-    """A config that cannot be used; the message names the field to change."""
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class TinyModelConfig(_Section):
+class TinyModelConfig(Section):
     """A Qwen3-architecture model built on the spot (tests and the CPU default)."""
 
     hidden_size: int = Field(128, ge=32, description="model width")
@@ -44,7 +41,7 @@ class TinyModelConfig(_Section):
         return self
 
 
-class ModelConfig(_Section):
+class ModelConfig(Section):
     source: Literal["tiny", "pretrained"] = Field("tiny", description="build a tiny model, or load an HF directory")
     path: str | None = Field(None, description="local path or URI of an HF model directory (source=pretrained)")
     tiny: TinyModelConfig = TinyModelConfig()
@@ -61,7 +58,7 @@ class ModelConfig(_Section):
         return self
 
 
-class TaskColumnsConfig(_Section):
+class TaskColumnsConfig(Section):
     """Which column of the problem file holds each field; unset: the default of ``task.shape``."""
 
     problem_id: str | None = Field(None, description="stable problem id; unset: derived from the problem text")
@@ -74,7 +71,7 @@ class TaskColumnsConfig(_Section):
     reward_mean: str | None = Field(None, description="mean reward of earlier samples, for the difficulty filter")
 
 
-class JudgeConfig(_Section):
+class JudgeConfig(Section):
     """An OpenAI-compatible chat endpoint that grades proofs against a rubric (``tasks.judge``).
 
     The API key is never part of the config: ``api_key_env`` names the environment
@@ -94,19 +91,17 @@ class JudgeConfig(_Section):
     @field_validator("base_url")
     @classmethod
     def _plain_http_url(cls, v: str) -> str:
-        if not re.fullmatch(r"https?://[^/@\s]+(/\S*)?", v):
-            raise ValueError(f"expected an http(s) URL without credentials, e.g. http://127.0.0.1:8000/v1, found {v!r}")
-        return v.rstrip("/")
+        return plain_url(v, "base_url").rstrip("/")
 
     @field_validator("api_key_env")
     @classmethod
     def _env_name(cls, v: str | None) -> str | None:
         if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
-            raise ValueError(f"expected the NAME of an environment variable (e.g. JUDGE_API_KEY), found {v!r}")
+            raise ValueError(f"api_key_env must be the NAME of an environment variable (e.g. JUDGE_API_KEY), found {v!r}")
         return v
 
 
-class TaskConfig(_Section):
+class TaskConfig(Section):
     name: Literal["arith", "math", "proof"] = Field(
         "arith", description="the grader: arith (built-in problems), math (final answers, math-verify), proof (rubric judge)"
     )
@@ -177,7 +172,7 @@ class TaskConfig(_Section):
         return self
 
 
-class WarmStartConfig(_Section):
+class WarmStartConfig(Section):
     """Supervised warm start on reference solutions, before RL."""
 
     max_steps: int = Field(600, ge=0, description="upper bound on SFT steps; 0 skips the warm start")
@@ -188,7 +183,7 @@ class WarmStartConfig(_Section):
     target_score: float = Field(0.2, gt=0, le=1, description="stop at the first checkpoint whose sampled score reaches this")
 
 
-class RolloutConfig(_Section):
+class RolloutConfig(Section):
     problems_per_iteration: int = Field(16, ge=1, description="problems drawn each iteration")
     group_size: int = Field(8, ge=2, description="G: samples per prefix")
     chunk_tokens: int = Field(16, ge=1, description="L: token budget of one action chunk")
@@ -212,14 +207,14 @@ class RolloutConfig(_Section):
         return self
 
 
-class ReplayConfig(_Section):
+class ReplayConfig(Section):
     max_trajectories_per_problem: int = Field(16, ge=1, description="bound on the replay kept per problem (newest kept)")
     success_threshold: float = Field(
         1.0, gt=0, le=1, description="reward at which a finished trajectory can serve as a reference solution"
     )
 
 
-class ReadinessConfig(_Section):
+class ReadinessConfig(Section):
     metric: Literal["binned_calibration", "brier_ratio", "auc"] = Field(
         "binned_calibration", description="how the critic's error on one problem is measured"
     )
@@ -237,13 +232,13 @@ class ReadinessConfig(_Section):
         return self
 
 
-class AdvantageConfig(_Section):
+class AdvantageConfig(Section):
     baseline: Literal["loo", "mean", "critic"] = Field("loo", description="baseline of chunk advantages within a group")
     scale_std: bool = Field(False, description="divide chunk advantages by the group's std")
     grpo_scale_std: bool = Field(True, description="GRPO: divide by the group's reward std")
 
 
-class ActorConfig(_Section):
+class ActorConfig(Section):
     lr: float = Field(1e-4, gt=0, description="AdamW learning rate of the policy")
     lr_warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear lr warm-up at the start of RL")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
@@ -255,7 +250,7 @@ class ActorConfig(_Section):
     steps_per_iteration: int = Field(1, ge=1, description="optimizer steps per iteration (each over the whole batch)")
 
 
-class CriticConfig(_Section):
+class CriticConfig(Section):
     lr: float = Field(3e-4, gt=0, description="AdamW learning rate of the critic")
     lr_warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear lr warm-up")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
@@ -275,7 +270,7 @@ class CriticConfig(_Section):
     )
 
 
-class GenerationConfig(_Section):
+class GenerationConfig(Section):
     backend: Literal["hf", "vllm"] = Field("hf", description="generation engine: hf (CPU default) or vllm (the ac2[vllm] extra)")
     batch_size: int = Field(256, ge=1, description="sequences decoded together (hf; vllm schedules its own batches)")
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vllm: share of GPU memory for weights and KV cache")
@@ -287,23 +282,23 @@ class GenerationConfig(_Section):
     max_model_len: int | None = Field(None, ge=16, description="vllm: longest prompt + answer; unset: the model's own limit")
 
 
-class TrainingConfig(_Section):
+class TrainingConfig(Section):
     backend: Literal["torch", "deepspeed"] = Field("torch", description="optimizer loop: torch, or deepspeed (ac2[deepspeed])")
     zero_stage: int = Field(2, ge=0, le=3, description="deepspeed: ZeRO stage 0-3 (partition optimizer state, grads, params)")
     gradient_checkpointing: bool = Field(False, description="deepspeed: recompute activations in backward to save memory")
 
 
-class EvalConfig(_Section):
+class EvalConfig(Section):
     every: int = Field(1, ge=1, description="evaluate every this many iterations (and at the last)")
     samples_per_problem: int = Field(2, ge=1, description="sampled answers per validation problem")
 
 
-class RunConfig(_Section):
+class RunConfig(Section):
     iterations: int = Field(40, ge=1, description="RL iterations")
     keep_models: int = Field(2, ge=1, description="actor/critic checkpoints kept on disk by local runners (newest)")
 
 
-class StorageConfig(_Section):
+class StorageConfig(Section):
     """Where artifacts live and how object storage is reached (``ac2_core.storage``).
 
     Credentials are never part of the config: they come from the environment
@@ -323,134 +318,12 @@ class StorageConfig(_Section):
 
     @model_validator(mode="after")
     def _endpoint_is_a_plain_url(self) -> StorageConfig:
-        url = self.endpoint_url
-        if url is not None:
-            if not re.match(r"^https?://[^/@\s]+(/.*)?$", url):
-                raise ValueError(f"endpoint_url must be http(s)://host[:port] without credentials (found {url.split('@')[-1]!r})")
+        if self.endpoint_url is not None:
+            plain_url(self.endpoint_url, "endpoint_url")
         return self
 
 
-ClusterStage = Literal[
-    "bootstrap",
-    "sample_prefixes",
-    "generate_chunks",
-    "score_chunks",
-    "check_readiness",
-    "update_actor",
-    "update_critic",
-    "evaluate",
-]
-# the formats kfp accepts for set_cpu_*/set_memory_* (checked here so the error names the field)
-_CPU = r"^([0-9]*[.])?[0-9]+m?$"
-_MEMORY = r"^[0-9]+(E|Ei|P|Pi|T|Ti|G|Gi|M|Mi|K|Ki)?$"
-_DNS_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-_LABEL_KEY = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
-_LABEL_VALUE = r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$"
-
-
-class TolerationConfig(_Section):
-    """One pod toleration, with the fields of a Kubernetes pod spec."""
-
-    key: str | None = Field(None, pattern=_LABEL_KEY, description="taint key; unset (with operator Exists): every taint")
-    operator: Literal["Equal", "Exists"] = Field("Equal", description="Equal: key and value match; Exists: the key alone")
-    value: str | None = Field(None, pattern=_LABEL_VALUE, description="taint value (operator Equal)")
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(None, description="unset: every effect")
-
-    @model_validator(mode="after")
-    def _operator_fits(self) -> TolerationConfig:
-        if self.operator == "Exists" and self.value is not None:
-            raise ValueError("value must be unset when operator is Exists")
-        if self.key is None and self.operator != "Exists":
-            raise ValueError("key is required unless operator is Exists")
-        return self
-
-
-class TaskResourcesConfig(_Section):
-    """Requests and limits of one kind of task; unset: the namespace's defaults (its LimitRange)."""
-
-    cpu_request: str | None = Field(None, pattern=_CPU, description="CPU request, e.g. '4' or '500m'")
-    cpu_limit: str | None = Field(None, pattern=_CPU, description="CPU limit")
-    memory_request: str | None = Field(None, pattern=_MEMORY, description="memory request, e.g. '16Gi'")
-    memory_limit: str | None = Field(None, pattern=_MEMORY, description="memory limit")
-
-
-class GpuStagesConfig(TaskResourcesConfig):
-    """The stages that run on GPU nodes: their accelerators, node selection and shared memory."""
-
-    stages: tuple[ClusterStage, ...] = Field(
-        ("generate_chunks", "score_chunks", "update_actor", "update_critic"),
-        description="stages that take these settings (and the GPU image while accelerator_count > 0)",
-    )
-    accelerator_type: str = Field("nvidia.com/gpu", min_length=1, description="resource the GPU device plugin advertises")
-    accelerator_count: int = Field(0, ge=0, le=64, description="GPUs per task; 0: no GPU, the CPU image")
-    node_selector: tuple[tuple[str, str], ...] = Field(
-        (), description="node labels the tasks must match, as a mapping, e.g. {nvidia.com/gpu.present: 'true'}"
-    )
-    tolerations: tuple[TolerationConfig, ...] = Field((), description="taints of the GPU nodes that the tasks tolerate")
-    shm_size: str | None = Field(
-        None, pattern=_MEMORY, description="size of a memory-backed /dev/shm (NCCL, vLLM outgrow the 64Mi default); unset: none"
-    )
-
-    @field_validator("node_selector", mode="before")
-    @classmethod
-    def _mapping_to_pairs(cls, value):
-        # written as a mapping; kept as sorted pairs so that the frozen config stays hashable
-        return tuple(sorted(value.items())) if isinstance(value, dict) else value
-
-    @field_serializer("node_selector")
-    def _pairs_to_mapping(self, pairs: tuple[tuple[str, str], ...]) -> dict[str, str]:
-        return dict(pairs)
-
-    @model_validator(mode="after")
-    def _labels_are_kubernetes_labels(self) -> GpuStagesConfig:
-        for key, value in self.node_selector:
-            if not re.match(_LABEL_KEY, key) or not re.match(_LABEL_VALUE, value):
-                raise ValueError(f"node_selector {key}: {value!r} is not a Kubernetes label ([prefix/]name: value)")
-        if len(set(self.stages)) != len(self.stages):
-            raise ValueError(f"stages lists a stage twice: {list(self.stages)}")
-        return self
-
-
-class SecretKeyConfig(_Section):
-    """One key of a Kubernetes Secret (only its name and key: the value never enters ac2)."""
-
-    name: str = Field(..., pattern=_DNS_NAME, max_length=253, description="the Secret's name")
-    key: str = Field(..., pattern=r"^[-._a-zA-Z0-9]+$", max_length=253, description="the key within the Secret")
-
-
-class ClusterConfig(_Section):
-    """How the pipelines' tasks run on Kubernetes (kfp-kubernetes; see k8s/ and README "Run on Kubeflow").
-
-    kfp.local and the inprocess runner ignore all of it, and the defaults ask for nothing,
-    so a local run compiles exactly as it would without this section.
-    """
-
-    s3_secret: str | None = Field(
-        None,
-        pattern=_DNS_NAME,
-        max_length=253,
-        description="Secret whose AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY every stage gets as env (k8s/: ac2-s3); unset: none",
-    )
-    s3_endpoint_url: str | None = Field(
-        None, description="the stages' AWS_ENDPOINT_URL_S3, for an in-cluster store the submitting machine reaches elsewhere"
-    )
-    judge_secret: SecretKeyConfig | None = Field(
-        None,
-        description="Secret key holding the rubric judge's API key: the grading stages (bootstrap, score_chunks, evaluate)"
-        " get it as the env variable task.judge.api_key_env names; unset: none",
-    )
-    tasks: TaskResourcesConfig = Field(TaskResourcesConfig(), description="every task not in gpu.stages")
-    gpu: GpuStagesConfig = GpuStagesConfig()
-
-    @model_validator(mode="after")
-    def _endpoint_is_a_plain_url(self) -> ClusterConfig:
-        url = self.s3_endpoint_url
-        if url is not None and not re.match(r"^https?://[^/@\s]+(/.*)?$", url):
-            raise ValueError(f"s3_endpoint_url must be http(s)://host[:port] without credentials (found {url.split('@')[-1]!r})")
-        return self
-
-
-class AC2Config(_Section):
+class AC2Config(Section):
     run_id: str = Field("ac2", pattern=r"^[a-z0-9][a-z0-9-]{0,62}$", description="name of the run")
     algorithm: Literal["ac2", "grpo"] = Field("ac2", description="ac2, or the grpo baseline built from the same stages")
     seed: int = Field(0, description="seed of every stochastic stage")
@@ -519,8 +392,12 @@ def _format_errors(err: ValidationError, origin: str) -> str:
             case "extra_forbidden":
                 lines.append(f"  {field}: unknown key")
             case "value_error" if m := re.match(r"Value error, ([\w.]+) (.*)", e["msg"], re.S):
-                # a cross-field check of a section: its message starts with the field to change
-                name = f"{field}.{m.group(1)}" if e["loc"] else m.group(1)
+                # a check's message starts with the field to change: the field itself (a field
+                # validator, whose loc ends with it) or one of the section's (a cross-field check)
+                if e["loc"] and e["loc"][-1] == m.group(1):
+                    name = field
+                else:
+                    name = f"{field}.{m.group(1)}" if e["loc"] else m.group(1)
                 lines.append(f"  {name}: {m.group(1)} {m.group(2)}")
             case _:
                 found = e.get("input")
