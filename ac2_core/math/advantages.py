@@ -1,4 +1,4 @@
-"""Chunk advantages and the readiness gate (DESIGN.md section 2, `check_readiness`).
+"""Chunk advantages and the readiness gate (docs/design.md section 2, step 4).
 
 A group is one prefix continued `G` times; its rows are chunks (or full rollouts in
 full mode). Where this departs from plain GRPO:
@@ -95,7 +95,7 @@ def grpo_advantages(
     *,
     scale_std: bool = True,
     eps: float = 1e-6,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO's group-normalized terminal reward: `(r - mean_g) / (std_g + eps)`.
 
     Args:
@@ -106,9 +106,9 @@ def grpo_advantages(
 
     Returns:
         advantages: (B,) float.
+        baselines: (B,) float, the group mean `mean_g` of each row.
     """
-    advantages, _ = group_advantages(rewards, group_ids, baseline="mean", scale_std=scale_std, eps=eps)
-    return advantages
+    return group_advantages(rewards, group_ids, baseline="mean", scale_std=scale_std, eps=eps)
 
 
 def gate_weights(target_from_critic: torch.Tensor, problem_ready: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,7 @@
-"""Before iteration 1: the problem set, the initial actor, and the initial critic.
+"""bootstrap: before iteration 1, the problem set, the initial actor and critic, and the empty
+iteration-0 tables, so that every iteration, the first included, reads the same inputs.
 
-- problems: the built-in task from ``cfg.task``.
+- problems: the task's problems (``cfg.task``).
 - actor: a tiny Qwen3-architecture model with a byte-level tokenizer trained on the
   task's text, warm-started by SFT on worked solutions until its sampled score reaches
   ``warm_start.target_score`` (or a pretrained HF directory, ``model.source=pretrained``).
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -22,7 +24,7 @@ from ac2_core.models.hf import load_model
 from ac2_core.models.store import Checkpoint, ModelStore
 from ac2_core.models.tiny import build_tiny_model
 from ac2_core.models.tokenizer import build_tokenizer
-from ac2_core.stages.common import Problems, prompt_ids, seed_for
+from ac2_core.stages.common import Problems, StageStats, prompt_ids, seed_for
 from ac2_core.stages.evaluate import validation_score
 from ac2_core.tasks import grade_many, problems_for
 
@@ -101,9 +103,6 @@ def _sft(cfg, model, tok, train, held_out, log):
     )
 
 
-EMPTY_STATE = ("replay", "scored_chunks", "readiness", "metrics")
-
-
 def initial_metrics(cfg: AC2Config, model, tok, problems: Problems) -> dict:
     """Iteration 0 of the metrics table: the initial policy's validation score, no compute yet."""
     val_score, ungraded_val = validation_score(cfg, model, tok, problems)
@@ -125,14 +124,31 @@ def initial_metrics(cfg: AC2Config, model, tok, problems: Problems) -> dict:
     return row
 
 
-def bootstrap(
-    cfg: AC2Config, *, problems: str, actor: str, critic: str, state: dict[str, str], log: Callable[[str], None] = print
-) -> dict:
+@dataclass(frozen=True)
+class BootstrapStats(StageStats):
+    problems: int
+    problems_hash: str
+    actor_hash: str
+    critic_hash: str
+
+
+def run(
+    cfg: AC2Config,
+    *,
+    iteration: int = 0,
+    out_problems: str,
+    out_actor: str,
+    out_critic: str,
+    out_replay: str,
+    out_scored_chunks: str,
+    out_readiness: str,
+    out_metrics: str,
+    log: Callable[[str], None] = print,
+) -> BootstrapStats:
     """Write the problem set, actor (version 0), critic (version 0), and the empty
-    iteration-0 tables named in ``state`` (``EMPTY_STATE``), so that every iteration,
-    the first included, reads the same inputs."""
-    if sorted(state) != sorted(EMPTY_STATE):
-        raise ValueError(f"bootstrap state must name exactly {', '.join(EMPTY_STATE)}; found {', '.join(sorted(state))}")
+    iteration-0 tables (replay, scored chunks, readiness) and the metrics table's row 0."""
+    if iteration != 0:
+        raise ValueError(f"the bootstrap is iteration 0; found iteration {iteration}")
     table = problems_for(cfg.task)
     if table.num_rows == 0:
         raise ValueError("the task produced an empty problem set")
@@ -143,13 +159,14 @@ def bootstrap(
         model, tok = _initial_actor(cfg, table.to_pylist(), device, log)
     rows = table.to_pylist()
     key = cfg.bootstrap_hash()  # bootstraps are shared by runs that agree on these fields
-    problems_hash = storage.write_table(problems, table, kind="problems", stage=STAGE, config_hash=key).content_hash
-    actor_hash = store.save(actor, Checkpoint("actor", model, tok, 0), stage=STAGE, config_hash=key)
+    problems_hash = storage.write_table(out_problems, table, kind="problems", stage=STAGE, config_hash=key).content_hash
+    actor_hash = store.save(out_actor, Checkpoint("actor", model, tok, 0), stage=STAGE, config_hash=key)
     critic_ckpt = Checkpoint("critic", Critic.from_actor(model, seed=cfg.seed), tok, 0)
-    critic_hash = store.save(critic, critic_ckpt, stage=STAGE, config_hash=key)
-    for kind, uri in state.items():
-        initial = [initial_metrics(cfg, model, tok, Problems({r["problem_id"]: r for r in rows}))] if kind == "metrics" else []
-        storage.write_table(uri, storage.table_from_rows(initial, kind), kind=kind, stage=STAGE, config_hash=key)
-    summary = {"problems": table.num_rows, "problems_hash": problems_hash, "actor_hash": actor_hash, "critic_hash": critic_hash}
-    log(f"bootstrap: {json.dumps(summary)}")
-    return summary
+    critic_hash = store.save(out_critic, critic_ckpt, stage=STAGE, config_hash=key)
+    for kind, uri in (("replay", out_replay), ("scored_chunks", out_scored_chunks), ("readiness", out_readiness)):
+        storage.write_table(uri, storage.table_from_rows([], kind), kind=kind, stage=STAGE, config_hash=key)
+    initial = initial_metrics(cfg, model, tok, Problems({r["problem_id"]: r for r in rows}))
+    storage.write_table(out_metrics, storage.table_from_rows([initial], "metrics"), kind="metrics", stage=STAGE, config_hash=key)
+    stats = BootstrapStats(table.num_rows, problems_hash, actor_hash, critic_hash)
+    log(f"bootstrap: {json.dumps(stats.as_dict())}")
+    return stats

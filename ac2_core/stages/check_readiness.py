@@ -1,21 +1,24 @@
 """check_readiness: per-problem critic readiness, then chunk advantages behind the gate
-(DESIGN.md section 2, step 4).
+(docs/design.md section 2, step 4).
 
 AC2: each problem keeps a sliding window of out-of-sample (prediction, outcome) pairs;
 it is ready when the window is large and calibrated enough. Advantages are
 ``A(c) = y(c) - b`` per group (one prefix, G chunks), and on a problem that is not ready
 now, chunks whose target came from the critic get weight 0.
 
-GRPO: group-normalized terminal rewards, weight 1, and an empty readiness table.
+GRPO: group-normalized terminal rewards (``math.grpo_advantages``), weight 1, and an
+empty readiness table.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ac2_core.config import AC2Config
-from ac2_core.math import gate_weights, group_advantages, is_ready
-from ac2_core.stages.common import read, write
+from ac2_core.math import gate_weights, group_advantages, grpo_advantages, is_ready
+from ac2_core.stages.common import StageStats, read, write
 
 STAGE = "check_readiness"
 
@@ -70,23 +73,22 @@ def _graded_advantages(cfg: AC2Config, scored: list[dict], ready: set[str]) -> l
     group_index = {g: i for i, g in enumerate(sorted({s["prefix_id"] for s in scored}))}
     groups = torch.tensor([group_index[s["prefix_id"]] for s in scored])
     targets = torch.tensor([s["target"] for s in scored], dtype=torch.float32)
-    starts = [s["value_start"] for s in scored]
     if cfg.uses_critic:
-        baseline, scale = cfg.advantage.baseline, cfg.advantage.scale_std
+        starts = [s["value_start"] for s in scored]
         weights = gate_weights(
             torch.tensor([s["target_source"] == "critic" for s in scored]),
             torch.tensor([s["problem_id"] in ready for s in scored]),
         )
-    else:  # GRPO: group-normalized terminal rewards, as in math.grpo_advantages
-        baseline, scale = "mean", cfg.advantage.grpo_scale_std
+        adv, base = group_advantages(
+            targets,
+            groups,
+            baseline=cfg.advantage.baseline,
+            values_start=torch.tensor(starts, dtype=torch.float32) if None not in starts else None,
+            scale_std=cfg.advantage.scale_std,
+        )
+    else:
         weights = torch.ones_like(targets)
-    adv, base = group_advantages(
-        targets,
-        groups,
-        baseline=baseline,
-        values_start=torch.tensor(starts, dtype=torch.float32) if None not in starts else None,
-        scale_std=scale,
-    )
+        adv, base = grpo_advantages(targets, groups, scale_std=cfg.advantage.grpo_scale_std)
     return [
         {
             "run_id": s["run_id"],
@@ -104,6 +106,17 @@ def _graded_advantages(cfg: AC2Config, scored: list[dict], ready: set[str]) -> l
     ]
 
 
+@dataclass(frozen=True)
+class ReadinessStats(StageStats):
+    ungraded_chunks: int
+    problems_with_window: int
+    ready_problems: int
+    readiness_share: float
+    gated_chunks: int
+    mean_abs_advantage: float  # over the rows the gate lets through
+    advantages_hash: str
+
+
 def run(
     cfg: AC2Config,
     *,
@@ -113,7 +126,7 @@ def run(
     scored_chunks: str,
     out_readiness: str,
     out_advantages: str,
-) -> dict:
+) -> ReadinessStats:
     scored = read(scored_chunks, "scored_chunks")
     windows = (
         update_windows(cfg, read(readiness, "readiness"), read(critic_pairs, "critic_pairs"), iteration)
@@ -125,12 +138,12 @@ def run(
     write(cfg, STAGE, out_readiness, windows, "readiness")
     adv_hash = write(cfg, STAGE, out_advantages, rows, "advantages")
     active = [r for r in rows if r["weight"] > 0]
-    return {
-        "ungraded_chunks": sum(r["target"] is None for r in rows),
-        "problems_with_window": len(windows),
-        "ready_problems": len(ready),
-        "readiness_share": len(ready) / len(windows) if windows else 0.0,
-        "gated_chunks": len(rows) - len(active),
-        "mean_abs_advantage": sum(abs(r["advantage"]) for r in active) / len(active) if active else 0.0,
-        "advantages_hash": adv_hash,
-    }
+    return ReadinessStats(
+        ungraded_chunks=sum(r["target"] is None for r in rows),
+        problems_with_window=len(windows),
+        ready_problems=len(ready),
+        readiness_share=len(ready) / len(windows) if windows else 0.0,
+        gated_chunks=len(rows) - len(active),
+        mean_abs_advantage=sum(abs(r["advantage"]) for r in active) / len(active) if active else 0.0,
+        advantages_hash=adv_hash,
+    )

@@ -1,7 +1,8 @@
-"""What every stage shares: seeds, problem lookup, and table I/O with the stage's name."""
+"""What every stage shares: its stats type, seeds, problem lookup, and table I/O with the stage's name."""
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from dataclasses import dataclass
 
@@ -9,6 +10,18 @@ import numpy as np
 
 from ac2_core import storage
 from ac2_core.config import AC2Config
+
+
+@dataclass(frozen=True)
+class StageStats:
+    """What a stage returns: its headline figures, named and typed by each stage's subclass.
+
+    ``as_dict`` gives them as plain values: the KFP components copy them into their output
+    artifacts' metadata, and ``ac2 stage`` prints them.
+    """
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
 
 
 def seed_for(cfg: AC2Config, iteration: int, stage: str) -> int:

@@ -1,13 +1,15 @@
 """evaluate: the policy's score on held-out problems, and the iteration's compute bill.
 
 The metrics table is cumulative: it is last iteration's table plus one row. Compute is
-counted from the artifacts themselves (DESIGN.md section 2, "Compute accounting"):
+counted from the artifacts themselves (docs/design.md section 2, step 7):
 decode FLOPs per generated token at its context position, prefill once per prefix
 (the G samples share it, as with prefix caching), the critic forward work recorded by
 ``score_chunks``, and 6N per token for both updates (as recorded in their checkpoints).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from ac2_core.config import AC2Config
 from ac2_core.generation import generate_for
@@ -21,7 +23,7 @@ from ac2_core.math import (
 )
 from ac2_core.models.state import read_state
 from ac2_core.models.store import ModelStore
-from ac2_core.stages.common import Problems, prompt_ids, read, seed_for, write
+from ac2_core.stages.common import Problems, StageStats, prompt_ids, read, seed_for, write
 from ac2_core.tasks import grade_many
 
 STAGE = "evaluate"
@@ -76,6 +78,32 @@ def compute_bill(model, chunks, prefixes, scored, trained_tokens: int) -> dict:
     }
 
 
+@dataclass(frozen=True)
+class EvalStats(StageStats):
+    """The iteration's row of the metrics table (``schemas.METRICS``), without ``run_id``."""
+
+    iteration: int
+    policy_version: int
+    val_score: float | None  # None on iterations without evaluation, or when no answer was graded
+    readiness_share: float
+    chunk_groups: int
+    full_groups: int
+    mean_train_reward: float | None
+    ungraded_chunks: int
+    ungraded_val: int | None
+    critic_error: float | None
+    decode_tokens: int
+    decode_flops: float
+    prefill_flops: float
+    critic_flops: float
+    train_flops: float
+    cum_decode_tokens: int
+    cum_decode_flops: float
+    cum_prefill_flops: float
+    cum_critic_flops: float
+    cum_train_flops: float
+
+
 def run(
     cfg: AC2Config,
     *,
@@ -91,7 +119,7 @@ def run(
     metrics: str,
     out_metrics: str,
     store: ModelStore | None = None,
-) -> dict:
+) -> EvalStats:
     store = store or ModelStore(cfg)
     probs = Problems.load(problems)
     ckpt = store.load(actor, kind="actor")
@@ -130,4 +158,4 @@ def run(
     for key in ("decode_tokens", "decode_flops", "prefill_flops", "critic_flops", "train_flops"):
         row[f"cum_{key}"] = (last[f"cum_{key}"] if last else 0) + row[key]
     write(cfg, STAGE, out_metrics, [*previous, row], "metrics")
-    return {k: v for k, v in row.items() if k != "run_id"}
+    return EvalStats(**{k: v for k, v in row.items() if k != "run_id"})

@@ -1,4 +1,4 @@
-"""generate_chunks: continue every prefix G times, up to its budget (DESIGN.md section 2, step 2).
+"""generate_chunks: continue every prefix G times, up to its budget (docs/design.md section 2, step 2).
 
 Contexts are prompt tokens + prefix tokens, fed as ids and never re-tokenized. A chunk
 that ends the answer with eos is ``stop``; one that used its chunk budget is ``length``;
@@ -8,10 +8,12 @@ graded as it stands).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ac2_core.config import AC2Config
 from ac2_core.generation import generate_for
 from ac2_core.models.store import ModelStore
-from ac2_core.stages.common import Problems, prompt_ids, read, seed_for, write
+from ac2_core.stages.common import Problems, StageStats, prompt_ids, read, seed_for, write
 
 STAGE = "generate_chunks"
 
@@ -20,6 +22,15 @@ def finish_reason(sample_reason: str, response_len: int, max_response_tokens: in
     if sample_reason == "stop":
         return "stop"
     return "truncated" if response_len >= max_response_tokens else "length"
+
+
+@dataclass(frozen=True)
+class GenerateStats(StageStats):
+    chunks: int
+    decode_tokens: int
+    finished: int  # chunks that ended the answer (eos, or max_response_tokens)
+    policy_version: int
+    chunks_hash: str
 
 
 def run(
@@ -32,7 +43,7 @@ def run(
     out_chunks: str,
     store: ModelStore | None = None,
     progress=None,
-) -> dict:
+) -> GenerateStats:
     store = store or ModelStore(cfg)
     probs = Problems.load(problems)
     rows = read(prefixes, "prefixes")
@@ -75,10 +86,10 @@ def run(
             )
     chunk_hash = write(cfg, STAGE, out_chunks, out, "chunks")
     decoded = sum(len(c["token_ids"]) for c in out)
-    return {
-        "chunks": len(out),
-        "decode_tokens": decoded,
-        "finished": sum(c["finish_reason"] != "length" for c in out),
-        "policy_version": policy.version,
-        "chunks_hash": chunk_hash,
-    }
+    return GenerateStats(
+        chunks=len(out),
+        decode_tokens=decoded,
+        finished=sum(c["finish_reason"] != "length" for c in out),
+        policy_version=policy.version,
+        chunks_hash=chunk_hash,
+    )

@@ -1,5 +1,5 @@
 """score_chunks: terminal rewards, critic values, and (prediction, outcome) pairs
-(DESIGN.md section 2, step 3).
+(docs/design.md section 2, step 3).
 
 - A finished chunk gets the grader's reward R; an unfinished one gets V(x, s+c; ref).
   A finished chunk the grader could not score (the judge failed) is kept ungraded:
@@ -12,11 +12,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 from ac2_core import storage
 from ac2_core.config import AC2Config
 from ac2_core.models.store import ModelStore
 from ac2_core.replay import cut_points
-from ac2_core.stages.common import Problems, read, write
+from ac2_core.stages.common import Problems, StageStats, read, write
 from ac2_core.tasks import Grade, grade_many
 
 # The critic's code (torch, transformers) is imported only when a critic is used: under grpo
@@ -37,6 +40,28 @@ def grade_finished(cfg: AC2Config, probs: Problems, finished: list[tuple[dict, l
     return {c["chunk_id"]: g for (c, _), g in zip(finished, grades)}
 
 
+@dataclass(frozen=True)
+class ScoreStats(StageStats):
+    chunks: int
+    finished: int
+    ungraded: int
+    mean_reward: float  # over graded finished chunks; nan when there are none
+    critic_pairs: int
+    critic_inputs: int  # distinct critic inputs scored
+    critic_flops: float
+    scored_chunks_hash: str
+
+
+@dataclass(frozen=True)
+class CriticRequest:
+    """One critic input to score, and where its value goes."""
+
+    row: int  # the scored_chunks row it belongs to; the critic FLOPs are charged there
+    tokens: list[int]  # the critic input
+    field: Literal["value_start", "value_end", "prediction"]  # prediction: of critic_pairs row ``pair``
+    pair: int | None = None
+
+
 def run(
     cfg: AC2Config,
     *,
@@ -50,110 +75,113 @@ def run(
     out_scored_chunks: str,
     out_critic_pairs: str,
     store: ModelStore | None = None,
-) -> dict:
+) -> ScoreStats:
     store = store or ModelStore(cfg)
     probs = Problems.load(problems)
     prefix_by_id = {p["prefix_id"]: p for p in read(prefixes, "prefixes")}
     rows = read(chunks, "chunks")
-    use_critic = cfg.uses_critic
-    if use_critic and critic is None:
+    if cfg.uses_critic and critic is None:
         raise ValueError("algorithm ac2 needs a critic checkpoint for score_chunks")
-
-    ckpt = store.load(critic, kind="critic") if use_critic else None
-    tok = store.tokenizer(actor, kind="actor")  # rewards are graded on the decoded text
-
-    scored, pairs, requests = [], [], []  # requests: (row index, slot, critic input)
-    builder = None
-    if use_critic:
-        from ac2_core.stages.critic_io import CriticInputs
-
-        builder = CriticInputs(cfg, tok, probs, read(replay, "replay"))
     for c in rows:
         if c["prefix_id"] not in prefix_by_id:
             raise ValueError(f"{chunks}: chunk {c['chunk_id']} refers to prefix {c['prefix_id']}, absent from {prefixes}")
+
+    ckpt = store.load(critic, kind="critic") if cfg.uses_critic else None
+    tok = store.tokenizer(actor, kind="actor")  # rewards are graded on the decoded text
+    builder = None
+    if cfg.uses_critic:
+        from ac2_core.stages.critic_io import CriticInputs
+
+        builder = CriticInputs(cfg, tok, probs, read(replay, "replay"))
+    responses = [prefix_by_id[c["prefix_id"]]["prefix_token_ids"] + c["token_ids"] for c in rows]
     grades = grade_finished(
-        cfg,
-        probs,
-        [(c, prefix_by_id[c["prefix_id"]]["prefix_token_ids"] + c["token_ids"]) for c in rows if c["finish_reason"] != "length"],
-        tok,
+        cfg, probs, [(c, response) for c, response in zip(rows, responses) if c["finish_reason"] != "length"], tok
     )
-    for c in rows:
+    scored, pairs, requests = [], [], []
+    for c, response in zip(rows, responses):
         p = prefix_by_id[c["prefix_id"]]
-        response = p["prefix_token_ids"] + c["token_ids"]
-        finished = c["finish_reason"] != "length"
-        grade = grades.get(c["chunk_id"])
-        reward = grade.reward if grade is not None else None
-        i = len(scored)
-        scored.append(
-            {
-                "run_id": cfg.run_id,
-                "iteration": iteration,
-                "policy_version": c["policy_version"],
-                "chunk_id": c["chunk_id"],
-                "prefix_id": c["prefix_id"],
-                "problem_id": c["problem_id"],
-                "mode": p["mode"],
-                "source_trajectory_id": p["source_trajectory_id"],
-                "ref_trajectory_id": p["ref_trajectory_id"],
-                "response_token_ids": response,
-                "finished": finished,
-                "reward": reward,
-                "value_start": None,
-                "value_end": None,
-                "target": reward,
-                "target_source": ("reward" if reward is not None else "ungraded") if finished else "critic",
-                "grade_error": grade.error if grade is not None else None,
-                "critic_flops": 0.0,
-            }
-        )
-        if builder is None:
-            continue
-        pid, ref = c["problem_id"], p["ref_trajectory_id"]
-        requests.append((i, "value_start", builder.build(pid, ref, p["prefix_token_ids"])))
-        if not finished:
-            requests.append((i, "value_end", builder.build(pid, ref, response)))
-            continue
-        if reward is None:  # ungraded: no outcome to pair predictions with
-            continue
-        for cut in cut_points(len(response), cfg.rollout.chunk_tokens, finished=True):
-            pairs.append(
-                {
-                    "run_id": cfg.run_id,
-                    "iteration": iteration,
-                    "policy_version": c["policy_version"],
-                    "pair_id": f"{c['chunk_id']}-c{cut}",
-                    "problem_id": c["problem_id"],
-                    "trajectory_id": c["chunk_id"],
-                    "cut": cut,
-                    "ref_trajectory_id": p["ref_trajectory_id"],
-                    "prediction": None,
-                    "outcome": reward,
-                    "critic_tokens": 0,
-                }
-            )
-            requests.append((i, len(pairs) - 1, builder.build(pid, ref, response[:cut])))
+        scored.append(_scored_row(cfg, iteration, c, p, response, grades.get(c["chunk_id"])))
+        if builder is not None:
+            requests += _critic_requests(cfg, iteration, builder, len(scored) - 1, scored[-1], p, pairs)
 
     if ckpt is not None and requests:
         _apply_critic(cfg, ckpt, critic, requests, scored, pairs)
     scored_hash = write(cfg, STAGE, out_scored_chunks, scored, "scored_chunks")
     write(cfg, STAGE, out_critic_pairs, pairs, "critic_pairs")
     rewards = [s["reward"] for s in scored if s["finished"] and s["reward"] is not None]
+    return ScoreStats(
+        chunks=len(scored),
+        finished=sum(s["finished"] for s in scored),
+        ungraded=sum(s["target_source"] == "ungraded" for s in scored),
+        mean_reward=sum(rewards) / len(rewards) if rewards else float("nan"),
+        critic_pairs=len(pairs),
+        critic_inputs=len({tuple(r.tokens) for r in requests}),
+        critic_flops=sum(s["critic_flops"] for s in scored),
+        scored_chunks_hash=scored_hash,
+    )
+
+
+def _scored_row(cfg: AC2Config, iteration: int, c: dict, p: dict, response: list[int], grade: Grade | None) -> dict:
+    """A chunk's scored_chunks row before the critic: its reward (if finished and graded) is its target."""
+    finished = c["finish_reason"] != "length"
+    reward = grade.reward if grade is not None else None
     return {
-        "chunks": len(scored),
-        "finished": sum(s["finished"] for s in scored),
-        "ungraded": sum(s["target_source"] == "ungraded" for s in scored),
-        "mean_reward": sum(rewards) / len(rewards) if rewards else float("nan"),
-        "critic_pairs": len(pairs),
-        "critic_inputs": len({tuple(r[2]) for r in requests}),
-        "critic_flops": sum(s["critic_flops"] for s in scored),
-        "scored_chunks_hash": scored_hash,
+        "run_id": cfg.run_id,
+        "iteration": iteration,
+        "policy_version": c["policy_version"],
+        "chunk_id": c["chunk_id"],
+        "prefix_id": c["prefix_id"],
+        "problem_id": c["problem_id"],
+        "mode": p["mode"],
+        "source_trajectory_id": p["source_trajectory_id"],
+        "ref_trajectory_id": p["ref_trajectory_id"],
+        "response_token_ids": response,
+        "finished": finished,
+        "reward": reward,
+        "value_start": None,
+        "value_end": None,
+        "target": reward,
+        "target_source": ("reward" if reward is not None else "ungraded") if finished else "critic",
+        "grade_error": grade.error if grade is not None else None,
+        "critic_flops": 0.0,
     }
 
 
-def _apply_critic(cfg: AC2Config, ckpt, critic_uri: str, requests, scored, pairs) -> None:
+def _critic_requests(
+    cfg: AC2Config, iteration: int, builder, i: int, row: dict, p: dict, pairs: list[dict]
+) -> list[CriticRequest]:
+    """What the critic scores for scored row ``i``: V at its start; V at its end if unfinished; if it
+    finished with a reward, V at each chunk boundary of the answer (appending those pairs to ``pairs``)."""
+    pid, ref, response = row["problem_id"], p["ref_trajectory_id"], row["response_token_ids"]
+    requests = [CriticRequest(i, builder.build(pid, ref, p["prefix_token_ids"]), "value_start")]
+    if not row["finished"]:
+        return [*requests, CriticRequest(i, builder.build(pid, ref, response), "value_end")]
+    if row["reward"] is None:  # ungraded: no outcome to pair predictions with
+        return requests
+    for cut in cut_points(len(response), cfg.rollout.chunk_tokens, finished=True):
+        pairs.append(
+            {
+                "run_id": cfg.run_id,
+                "iteration": iteration,
+                "policy_version": row["policy_version"],
+                "pair_id": f"{row['chunk_id']}-c{cut}",
+                "problem_id": pid,
+                "trajectory_id": row["chunk_id"],
+                "cut": cut,
+                "ref_trajectory_id": ref,
+                "prediction": None,
+                "outcome": row["reward"],
+                "critic_tokens": 0,
+            }
+        )
+        requests.append(CriticRequest(i, builder.build(pid, ref, response[:cut]), "prediction", pair=len(pairs) - 1))
+    return requests
+
+
+def _apply_critic(cfg: AC2Config, ckpt, critic_uri: str, requests: list[CriticRequest], scored, pairs) -> None:
     from ac2_core.math import attention_width, count_non_embedding_params, critic_flops
 
-    inputs = [r[2] for r in requests]
+    inputs = [r.tokens for r in requests]
     match cfg.critic.scoring_backend:
         case "hf":
             from ac2_core.generation.scoring import score_inputs
@@ -168,14 +196,17 @@ def _apply_critic(cfg: AC2Config, ckpt, critic_uri: str, requests, scored, pairs
     n_params = count_non_embedding_params(ckpt.model)
     n_layers, d_attn = attention_width(ckpt.model.backbone.config)
     charged = set()
-    for (i, slot, x), v in zip(requests, values):
-        if isinstance(slot, int):
-            pairs[slot]["prediction"] = v
-            pairs[slot]["critic_tokens"] = len(x)
-        else:
-            scored[i][slot] = v
-            if slot == "value_end":
-                scored[i]["target"] = v
-        if tuple(x) not in charged:  # identical inputs are computed once; charge the first row
-            charged.add(tuple(x))
-            scored[i]["critic_flops"] += critic_flops(n_params=n_params, n_layers=n_layers, d_attn=d_attn, n_tokens=len(x))
+    for r, v in zip(requests, values):
+        match r.field:
+            case "prediction":
+                pairs[r.pair]["prediction"] = v
+                pairs[r.pair]["critic_tokens"] = len(r.tokens)
+            case "value_end":
+                scored[r.row]["value_end"] = scored[r.row]["target"] = v
+            case "value_start":
+                scored[r.row]["value_start"] = v
+        if tuple(r.tokens) not in charged:  # identical inputs are computed once; charge the first row
+            charged.add(tuple(r.tokens))
+            scored[r.row]["critic_flops"] += critic_flops(
+                n_params=n_params, n_layers=n_layers, d_attn=d_attn, n_tokens=len(r.tokens)
+            )

@@ -1,4 +1,4 @@
-"""update_actor: PPO-clip policy gradient on chunk tokens (DESIGN.md section 2, step 5).
+"""update_actor: PPO-clip policy gradient on chunk tokens (docs/design.md section 2, step 5).
 
 The context is prompt + prefix; only the chunk's own tokens carry loss. The ratio is
 taken against the behaviour log-probs recorded by ``generate_chunks``, under the same
@@ -8,13 +8,15 @@ lets through, so micro-batches sum to the full-batch loss.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ac2_core.config import AC2Config
 from ac2_core.math import ppo_clip_loss
 from ac2_core.models.device import device_of
 from ac2_core.models.store import ModelStore
-from ac2_core.stages.common import Problems, prompt_ids, read
+from ac2_core.stages.common import Problems, StageStats, prompt_ids, read
 
 STAGE = "update_actor"
 
@@ -22,6 +24,21 @@ STAGE = "update_actor"
 def trained_rows(advantages: list[dict]) -> list[dict]:
     """Rows that carry gradient: let through by the gate, with a non-zero advantage."""
     return [a for a in advantages if a["weight"] > 0 and a["advantage"] != 0]
+
+
+def ppo_batch(tok, probs: Problems, prefix_by_id: dict, chunk_by_id: dict, rows: list[dict]) -> list[tuple]:
+    """(context, response, behaviour log-probs, advantage * weight) of each trained row; the
+    context is the prompt's and the prefix's token ids."""
+    prompts: dict[str, list[int]] = {}
+    batch = []
+    for a in rows:
+        c, p = chunk_by_id[a["chunk_id"]], prefix_by_id[a["prefix_id"]]
+        if a["problem_id"] not in prompts:
+            prompts[a["problem_id"]] = prompt_ids(tok, probs[a["problem_id"]]["prompt"])
+        batch.append(
+            (prompts[a["problem_id"]] + p["prefix_token_ids"], c["token_ids"], c["logprobs"], a["advantage"] * a["weight"])
+        )
+    return batch
 
 
 def token_logprobs(model, contexts: list[list[int]], responses: list[list[int]], *, pad_id: int, temperature: float):
@@ -47,6 +64,17 @@ def token_logprobs(model, contexts: list[list[int]], responses: list[list[int]],
     return out, mask
 
 
+@dataclass(frozen=True)
+class ActorStats(StageStats):
+    trained_chunks: int
+    trained_tokens: int
+    loss: float  # of the last optimizer step
+    clip_fraction: float
+    grad_norm: float
+    policy_version: int
+    actor_hash: str
+
+
 def run(
     cfg: AC2Config,
     *,
@@ -59,7 +87,7 @@ def run(
     out_actor: str,
     reference: str | None = None,
     store: ModelStore | None = None,
-) -> dict:
+) -> ActorStats:
     store = store or ModelStore(cfg)
     if cfg.actor.kl_beta > 0 and reference is None:
         raise ValueError("actor.kl_beta > 0 needs the reference policy: pass reference=")
@@ -75,15 +103,7 @@ def run(
     # add nothing to the gradient, so only rows with A != 0 are computed.
     normalizer = sum(len(chunk_by_id[a["chunk_id"]]["token_ids"]) for a in adv_rows if a["weight"] > 0)
     rows = trained_rows(adv_rows)
-    prompts: dict[str, list[int]] = {}
-    batch = []
-    for a in rows:
-        c, p = chunk_by_id[a["chunk_id"]], prefix_by_id[a["prefix_id"]]
-        if a["problem_id"] not in prompts:
-            prompts[a["problem_id"]] = prompt_ids(tok, probs[a["problem_id"]]["prompt"])
-        batch.append(
-            (prompts[a["problem_id"]] + p["prefix_token_ids"], c["token_ids"], c["logprobs"], a["advantage"] * a["weight"])
-        )
+    batch = ppo_batch(tok, probs, prefix_by_id, chunk_by_id, rows)
     mbs = [batch[i : i + cfg.actor.micro_batch_size] for i in range(0, len(batch), cfg.actor.micro_batch_size)]
 
     def loss_fn(model, mb):
@@ -118,12 +138,12 @@ def run(
     ckpt.trained_tokens = len(history) * sum(len(ctx) + len(resp) for ctx, resp, _, _ in batch)
     actor_hash = store.save(out_actor, ckpt, stage=STAGE)
     last = history[-1] if history else {}
-    return {
-        "trained_chunks": len(rows),
-        "trained_tokens": ckpt.trained_tokens,
-        "loss": last.get("loss", 0.0),
-        "clip_fraction": last.get("clip_fraction", 0.0),
-        "grad_norm": last.get("grad_norm", 0.0),
-        "policy_version": ckpt.version,
-        "actor_hash": actor_hash,
-    }
+    return ActorStats(
+        trained_chunks=len(rows),
+        trained_tokens=ckpt.trained_tokens,
+        loss=last.get("loss", 0.0),
+        clip_fraction=last.get("clip_fraction", 0.0),
+        grad_norm=last.get("grad_norm", 0.0),
+        policy_version=ckpt.version,
+        actor_hash=actor_hash,
+    )

@@ -1,4 +1,4 @@
-"""update_critic: fit V to outcomes with BCE (DESIGN.md section 2, step 6).
+"""update_critic: fit V to outcomes with BCE (docs/design.md section 2, step 6).
 
 Inputs are the states of this iteration's finished trajectories at chunk boundaries
 (the ``critic_pairs`` already scored out of sample), with the problem and reference
@@ -8,13 +8,15 @@ is also fitted to the bootstrapped V(s+c).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ac2_core.config import AC2Config
 from ac2_core.math import critic_bce_loss
 from ac2_core.models.device import device_of
 from ac2_core.models.store import ModelStore
-from ac2_core.stages.common import Problems, read, rng_for
+from ac2_core.stages.common import Problems, StageStats, read, rng_for
 from ac2_core.stages.critic_io import CriticInputs
 
 STAGE = "update_critic"
@@ -48,6 +50,16 @@ def training_examples(cfg: AC2Config, builder: CriticInputs, pairs: list[dict], 
     return [(list(x), wy / w, w) for x, (wy, w) in merged.items()]
 
 
+@dataclass(frozen=True)
+class CriticStats(StageStats):
+    examples: int
+    critic_tokens: int  # of the distinct inputs, before the per-step draw
+    loss_first: float
+    loss_last: float
+    critic_version: int
+    critic_hash: str
+
+
 def run(
     cfg: AC2Config,
     *,
@@ -59,7 +71,7 @@ def run(
     scored_chunks: str,
     out_critic: str,
     store: ModelStore | None = None,
-) -> dict:
+) -> CriticStats:
     store = store or ModelStore(cfg)
     ckpt = store.take(critic, kind="critic")
     ckpt.trained_tokens = 0
@@ -95,11 +107,11 @@ def run(
         ckpt.trained_tokens += sum(len(x) for x, _, _ in batch)
     ckpt.version += 1
     critic_hash = store.save(out_critic, ckpt, stage=STAGE)
-    return {
-        "examples": len(examples),
-        "critic_tokens": sum(len(x) for x, _, _ in examples),  # distinct inputs, before the per-step draw
-        "loss_first": history[0]["loss"] if history else 0.0,
-        "loss_last": history[-1]["loss"] if history else 0.0,
-        "critic_version": ckpt.version,
-        "critic_hash": critic_hash,
-    }
+    return CriticStats(
+        examples=len(examples),
+        critic_tokens=sum(len(x) for x, _, _ in examples),
+        loss_first=history[0]["loss"] if history else 0.0,
+        loss_last=history[-1]["loss"] if history else 0.0,
+        critic_version=ckpt.version,
+        critic_hash=critic_hash,
+    )

@@ -89,16 +89,17 @@ def test_std_scaling_constant_group_is_zero_not_nan():
 
 
 def test_grpo_advantages_group_normalized():
-    adv = grpo_advantages(t(1, 0, 0, 0, 1, 0), ids(8, 8, 8, 8, 3, 3), eps=0.0)
+    adv, base = grpo_advantages(t(1, 0, 0, 0, 1, 0), ids(8, 8, 8, 8, 3, 3), eps=0.0)
     # group 8 = [1, 0, 0, 0]: mean 1/4, population std sqrt(1/4 * 3/4) = sqrt(3)/4
     #   A_0 = (3/4) / (sqrt(3)/4) = sqrt(3); A_rest = (-1/4) / (sqrt(3)/4) = -1/sqrt(3)
     # group 3 = [1, 0]: mean 0.5, std 0.5 -> A = ±1
     r3 = math.sqrt(3)
     assert_close(adv, t(r3, -1 / r3, -1 / r3, -1 / r3, 1, -1))
+    assert_close(base, t(0.25, 0.25, 0.25, 0.25, 0.5, 0.5))  # the group means
 
 
 def test_grpo_advantages_without_std_scaling():
-    adv = grpo_advantages(t(1, 0, 0, 0), ids(1, 1, 1, 1), scale_std=False)
+    adv, _ = grpo_advantages(t(1, 0, 0, 0), ids(1, 1, 1, 1), scale_std=False)
     # mean 1/4 -> A = [0.75, -0.25, -0.25, -0.25]
     assert_close(adv, t(0.75, -0.25, -0.25, -0.25))
 
