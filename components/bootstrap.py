@@ -9,23 +9,14 @@ from components.image import IMAGE
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
 def bootstrap(
     config: Input[Artifact],
-    problems: Output[Dataset],
-    actor: Output[Model],
-    critic: Output[Model],
-    replay: Output[Dataset],
-    scored_chunks: Output[Dataset],
-    readiness: Output[Dataset],
-    metrics: Output[Dataset],
+    out_problems: Output[Dataset],
+    out_actor: Output[Model],
+    out_critic: Output[Model],
+    out_replay: Output[Dataset],
+    out_scored_chunks: Output[Dataset],
+    out_readiness: Output[Dataset],
+    out_metrics: Output[Dataset],
 ):
-    """Calls ``ac2_core.stages.bootstrap.bootstrap``; ``replay`` .. ``metrics`` are ``EMPTY_STATE``."""
     from components.io import run_stage
 
-    run_stage(
-        "ac2_core.stages.bootstrap:bootstrap",
-        config,
-        outputs=(problems, actor, critic, replay, scored_chunks, readiness, metrics),
-        problems=problems.path,
-        actor=actor.path,
-        critic=critic.path,
-        state={"replay": replay.path, "scored_chunks": scored_chunks.path, "readiness": readiness.path, "metrics": metrics.path},
-    )
+    run_stage("bootstrap", locals())

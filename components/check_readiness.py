@@ -18,17 +18,4 @@ def check_readiness(
 ):
     from components.io import run_stage
 
-    run_stage(
-        "ac2_core.stages.check_readiness:run",
-        config,
-        outputs=(
-            out_readiness,
-            out_advantages,
-        ),
-        iteration=iteration,
-        readiness=readiness.path,
-        critic_pairs=critic_pairs.path,
-        scored_chunks=scored_chunks.path,
-        out_readiness=out_readiness.path,
-        out_advantages=out_advantages.path,
-    )
+    run_stage("check_readiness", locals())

@@ -26,21 +26,6 @@ def evaluate(
     """``critic`` is this iteration's updated critic (ac2), absent for grpo."""
     from components.io import log_figures, run_stage, write_report
 
-    row = run_stage(
-        "ac2_core.stages.evaluate:run",
-        config,
-        outputs=(out_metrics,),
-        iteration=iteration,
-        problems=problems.path,
-        actor=actor.path,
-        prefixes=prefixes.path,
-        chunks=chunks.path,
-        scored_chunks=scored_chunks.path,
-        critic_pairs=critic_pairs.path,
-        readiness=readiness.path,
-        critic=critic.path if critic else None,
-        metrics=metrics.path,
-        out_metrics=out_metrics.path,
-    )
+    row = run_stage("evaluate", locals())
     log_figures(figures, row)
     write_report(report, out_metrics.path)

@@ -17,13 +17,4 @@ def generate_chunks(
 ):
     from components.io import run_stage
 
-    run_stage(
-        "ac2_core.stages.generate_chunks:run",
-        config,
-        outputs=(out_chunks,),
-        iteration=iteration,
-        problems=problems.path,
-        prefixes=prefixes.path,
-        actor=actor.path,
-        out_chunks=out_chunks.path,
-    )
+    run_stage("generate_chunks", locals())

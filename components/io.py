@@ -1,45 +1,80 @@
 """What every component body shares: running its stage on the config artifact's config, and
 annotating the outputs.
 
+A component declares its stage's inputs and outputs as KFP artifacts, in the recipe's
+names (``ac2_core.stages.recipe``), and passes its parameters here as ``locals()``:
+
+    run_stage("generate_chunks", locals())
+
 Imported inside component bodies, in the task's process: keep it light. With a warm task
-host, a task imports kfp's executor, this module and ``pipelines.taskhost``, and nothing
-beyond the standard library (0.05 s).
+host, a task imports kfp's executor, this module, ``components.taskhost`` and the recipe,
+and nothing beyond the standard library (0.05 s).
 """
 
 from __future__ import annotations
 
 import math
-import os
-import sys
+import time
 from pathlib import Path
+
+from components.taskhost import call_or_run
 
 CONFIG_FILE = "config.json"
 
 
-def run_stage(target: str, config, outputs: tuple = (), **kwargs) -> dict:
-    """Run ``target`` ("module:function", called as ``function(cfg, **kwargs)`` with the
-    config artifact's config) and annotate ``outputs`` with its figures; returns them.
+def run_stage(name: str, params: dict) -> dict:
+    """Run stage ``name`` on a component's parameters: ``config`` (the config artifact),
+    ``iteration`` (absent for the bootstrap), and an artifact for each input and ``out_``
+    output the recipe names. Annotates each output with the stage's figures and its
+    manifest; returns the figures.
 
     Under ``ac2 run`` on this machine a warm task host runs the call in a worker forked from
-    a process that has the stage code imported (``pipelines.taskhost``); anywhere else, or
+    a process that has the stage code imported (``components.taskhost``); anywhere else, or
     if that host is gone, the call runs in this task's process. The artifacts are the same.
     """
-    from pipelines import taskhost
+    from ac2_core.stages.recipe import stage
 
-    config_path = str(Path(config.path, CONFIG_FILE))
-    paths = [artifact.path for artifact in outputs]
-    result = None
-    if address := os.environ.get(taskhost.ENV):
-        try:
-            result = taskhost.call(target, config_path, kwargs, paths, address=address)
-        except taskhost.HostUnavailable as e:
-            print(f"ac2: {e}; running {target} in the task's own process", file=sys.stderr, flush=True)
-    if result is None:
-        result = taskhost.execute(target, config_path, kwargs, paths)
+    s = stage(name)
+    missing = [k for k in ("config", *(i.keyword for i in s.inputs), *s.out_keywords) if k not in params]
+    if missing:
+        raise TypeError(f"component {name} has no parameter {', '.join(missing)}, which the recipe names")
+    inputs = {i.keyword: params[i.keyword].path if params[i.keyword] is not None else None for i in s.inputs}
+    outputs = [params[k] for k in s.out_keywords]
+    call = dict(
+        stage=name,
+        iteration=params.get("iteration", 0),
+        config_path=str(Path(params["config"].path, CONFIG_FILE)),
+        kwargs={**inputs, **{k: artifact.path for k, artifact in zip(s.out_keywords, outputs)}},
+        outputs=[artifact.path for artifact in outputs],
+    )
+    result = call_or_run(execute_stage, call, label=f"stage {name}")
     for artifact in outputs:
-        artifact.metadata.update({k: _scalar(v) for k, v in result.stats.items()})
-        artifact.metadata.update({**result.manifests[artifact.path], "stage_seconds": round(result.seconds, 3)})
-    return result.stats
+        artifact.metadata.update({k: _scalar(v) for k, v in result["stats"].items()})
+        artifact.metadata.update({**result["manifests"][artifact.path], "stage_seconds": round(result["seconds"], 3)})
+    return result["stats"]
+
+
+def execute_stage(*, stage: str, iteration: int, config_path: str, kwargs: dict, outputs: list[str]) -> dict:
+    """Run the stage on the config file's config, with its storage settings in effect; return
+    its figures, its seconds, and each output's manifest figures (for the KFP metadata).
+
+    Run by a task host's worker, or by the task itself where there is no host.
+    """
+    from ac2_core import storage
+    from ac2_core.config import config_from_json
+    from ac2_core.stages.recipe import run_stage as call_stage
+
+    cfg = config_from_json(Path(config_path).read_text())
+    with storage.using(cfg.storage):
+        start = time.perf_counter()
+        stats = call_stage(cfg, stage, iteration=iteration, kwargs=kwargs)
+        seconds = time.perf_counter() - start
+        manifests = {uri: _manifest_figures(storage.read_manifest(uri)) for uri in outputs}
+    return {"stats": stats.as_dict(), "seconds": seconds, "manifests": manifests}
+
+
+def _manifest_figures(m) -> dict:
+    return {"kind": m.kind, "stage": m.stage, "rows": m.rows, "content_hash": m.content_hash, "config_hash": m.config_hash}
 
 
 def _scalar(value):

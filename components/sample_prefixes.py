@@ -20,19 +20,4 @@ def sample_prefixes(
 ):
     from components.io import run_stage
 
-    run_stage(
-        "ac2_core.stages.sample_prefixes:run",
-        config,
-        outputs=(
-            out_replay,
-            out_prefixes,
-        ),
-        iteration=iteration,
-        problems=problems.path,
-        replay=replay.path,
-        scored_chunks=scored_chunks.path,
-        readiness=readiness.path,
-        actor=actor.path,
-        out_replay=out_replay.path,
-        out_prefixes=out_prefixes.path,
-    )
+    run_stage("sample_prefixes", locals())

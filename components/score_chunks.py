@@ -22,20 +22,4 @@ def score_chunks(
     """``critic`` is read only when the config's algorithm uses one (ac2)."""
     from components.io import run_stage
 
-    run_stage(
-        "ac2_core.stages.score_chunks:run",
-        config,
-        outputs=(
-            out_scored_chunks,
-            out_critic_pairs,
-        ),
-        iteration=iteration,
-        problems=problems.path,
-        replay=replay.path,
-        prefixes=prefixes.path,
-        chunks=chunks.path,
-        actor=actor.path,
-        critic=critic.path,
-        out_scored_chunks=out_scored_chunks.path,
-        out_critic_pairs=out_critic_pairs.path,
-    )
+    run_stage("score_chunks", locals())

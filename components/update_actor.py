@@ -21,16 +21,4 @@ def update_actor(
     """``reference`` (the bootstrap actor) is read only when ``actor.kl_beta > 0``."""
     from components.io import run_stage
 
-    run_stage(
-        "ac2_core.stages.update_actor:run",
-        config,
-        outputs=(out_actor,),
-        iteration=iteration,
-        problems=problems.path,
-        actor=actor.path,
-        prefixes=prefixes.path,
-        chunks=chunks.path,
-        advantages=advantages.path,
-        out_actor=out_actor.path,
-        reference=reference.path,
-    )
+    run_stage("update_actor", locals())

@@ -19,15 +19,4 @@ def update_critic(
 ):
     from components.io import run_stage
 
-    run_stage(
-        "ac2_core.stages.update_critic:run",
-        config,
-        outputs=(out_critic,),
-        iteration=iteration,
-        problems=problems.path,
-        replay=replay.path,
-        critic=critic.path,
-        critic_pairs=critic_pairs.path,
-        scored_chunks=scored_chunks.path,
-        out_critic=out_critic.path,
-    )
+    run_stage("update_critic", locals())

@@ -1,26 +1,18 @@
-"""A warm task host for kfp.local: a process that imports ac2's stage code once and
+"""The warm task host for kfp.local: a process that imports ac2's stage code once and
 forks one worker per task, so a task does not pay the interpreter's imports again.
 
 Each kfp.local task is a fresh ``python -m kfp.dsl.executor_main``. Five of the stages
 load a model, and importing transformers' model code alone costs about 5 s of CPU on the
 2-core dev machine: more than the toy stages themselves. With a host running, a
-component body (``components.io.run_stage``) sends its stage call here instead:
-
-    task process                        host (imports done once)
-    ------------                        ------------------------
-    connect to the socket       ---->   accept; receive the call and the task's
-    send call + stdout/stderr fds       stdout and stderr file descriptors
-                                        fork a worker:
-                                          write to the task's stdout/stderr,
-                                          take the task's environment and cwd,
-                                          run the stage, reply its figures, exit
-    annotate the outputs,       <----
-    as without a host
+component body hands its stage call here (the task's side, and the protocol, are
+``components.taskhost``); a worker forked for the call becomes the task's process in all
+that a stage sees (its stdout and stderr, environment and working directory), runs it,
+replies and exits.
 
 The worker is a new process per task, as a task is; what it shares with its siblings is
-imported code and nothing else (the host runs no stage code, and it refuses to fork while another
-Python thread runs). Artifacts are byte-identical with and without the
-host (``tests/pipeline``). On a cluster there is no host and every task imports for itself:
+imported code and nothing else (the host runs no stage code, and it refuses to fork while
+another Python thread runs). Artifacts are byte-identical with and without the host
+(``tests/pipeline``). On a cluster there is no host and every task imports for itself:
 there, stages run for minutes and the imports are noise.
 
 The host binds its socket before it imports, so tasks that arrive early wait in the
@@ -41,7 +33,6 @@ import os
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -50,22 +41,18 @@ import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
 
-ENV = "AC2_TASK_HOST"  # the host's socket path, set for kfp.local's task processes
+from components.taskhost import ENV, HEADER, MAX_CALL, REFUSED, STARTED, plain, resolve
+
 READY = "ready"  # a file next to the socket once the imports are done
-_STARTED = b"+"  # a worker's first byte: from here on, the stage may have run
-_REFUSED = b"-"  # the host's first byte when it runs nothing, then why
-_HEADER = struct.Struct("!I")  # a reply's length
-_MAX_CALL = 1 << 20
 
 
 def preload_modules() -> list[str]:
     """What the host imports before it serves: every stage and what stages import lazily."""
-    from ac2_core.runner.layout import STAGES
+    from ac2_core.stages.recipe import STAGES
 
     return [
-        "ac2_core.stages.bootstrap",
+        "components.io",
         *(f"ac2_core.stages.{stage}" for stage in STAGES),
         "ac2_core.stages.critic_io",
         "ac2_core.generation.scoring",
@@ -77,123 +64,6 @@ def preload_modules() -> list[str]:
         "ac2_core.runner.report",
         "s3fs",  # optional extra
     ]
-
-
-# --------------------------------------------------------------------- the call itself
-
-
-class Result(NamedTuple):
-    """What a stage call gives its task: the stage's figures (JSON values only), its seconds,
-    and each output artifact's manifest figures (for the KFP metadata)."""
-
-    stats: dict
-    seconds: float
-    manifests: dict[str, dict]
-
-
-def execute(target: str, config_path: str, kwargs: dict, outputs: list[str] = ()) -> Result:
-    """Run ``target`` ("module:function") on the config file's config, with its storage
-    settings in effect, then read the manifests of the ``outputs`` it wrote.
-
-    Used both by a host's worker and by a task process that has no host.
-    """
-    from ac2_core import storage
-    from ac2_core.config import config_from_json
-
-    module, function = target.split(":")
-    fn = getattr(importlib.import_module(module), function)
-    cfg = config_from_json(Path(config_path).read_text())
-    with storage.using(cfg.storage):
-        start = time.perf_counter()
-        stats = fn(cfg, **kwargs)
-        seconds = time.perf_counter() - start
-        manifests = {}
-        for uri in outputs:
-            m = storage.read_manifest(uri)
-            manifests[uri] = {
-                "kind": m.kind,
-                "stage": m.stage,
-                "rows": m.rows,
-                "content_hash": m.content_hash,
-                "config_hash": m.config_hash,
-            }
-    return Result(json.loads(json.dumps(stats, default=_plain)), seconds, manifests)
-
-
-def _plain(value):
-    # numpy and torch scalars have .item(); anything else is recorded as its text
-    return value.item() if hasattr(value, "item") else str(value)
-
-
-# --------------------------------------------------------------------- task side
-
-
-class HostUnavailable(ConnectionError):
-    """No host answers at the socket ``AC2_TASK_HOST`` names."""
-
-
-def call(target: str, config_path: str, kwargs: dict, outputs: list[str] = (), *, address: str) -> Result:
-    """Have the host at ``address`` run ``execute(target, config_path, kwargs, outputs)`` in a
-    worker that writes to this process's stdout and stderr. Raises what the stage raised."""
-    request = json.dumps(
-        {
-            "target": target,
-            "config": config_path,
-            "kwargs": kwargs,
-            "outputs": list(outputs),
-            "env": dict(os.environ),
-            "cwd": os.getcwd(),
-        }
-    ).encode()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        try:
-            conn.connect(address)
-        except OSError as e:
-            raise HostUnavailable(f"no task host at {address}: {e}") from None
-        sent = socket.send_fds(conn, [request], [sys.stdout.fileno(), sys.stderr.fileno()])
-        conn.sendall(request[sent:])  # the environment travels too: a large one may not go in one message
-        conn.shutdown(socket.SHUT_WR)
-        started, reply = _read_reply(conn)
-    if not started:  # the host closed the call without forking: nothing ran
-        raise HostUnavailable(f"the task host at {address} refused the call: {reply or 'no reason given'}")
-    if reply is None:
-        raise RuntimeError(f"the task host's worker for {target} died before it replied (killed? out of memory?)")
-    if "error" in reply:
-        raise _rebuilt(reply["error"])
-    return Result(**reply)
-
-
-def _read_reply(conn: socket.socket) -> tuple[bool, dict | str | None]:
-    """(whether a worker started, its reply if it finished one or the host's refusal)."""
-    data = b""
-    with contextlib.suppress(ConnectionResetError):  # a host that exits resets the calls it queued
-        while chunk := conn.recv(65536):
-            data += chunk
-    if not data.startswith(_STARTED):
-        return False, data[len(_REFUSED) :].decode(errors="replace") if data.startswith(_REFUSED) else None
-    data = data[len(_STARTED) :]
-    if len(data) < _HEADER.size:
-        return True, None
-    (size,) = _HEADER.unpack_from(data)
-    body = data[_HEADER.size : _HEADER.size + size]
-    return True, (json.loads(body) if len(body) == size else None)
-
-
-def _rebuilt(error: dict) -> BaseException:
-    """The worker's exception as the same class where that class takes a message, so a
-    failure reads as it would without a host (the worker printed the traceback)."""
-    cls = None
-    with contextlib.suppress(Exception):
-        cls = getattr(importlib.import_module(error["module"]), error["type"])
-    if isinstance(cls, type) and issubclass(cls, Exception):
-        with contextlib.suppress(Exception):
-            exc = cls(error["message"])
-            if str(exc) == error["message"]:
-                exc.add_note("(raised in the task host's worker; its traceback is printed above)")
-                return exc
-    return RuntimeError(f"{error['type']}: {error['message']}")
 
 
 # --------------------------------------------------------------------- host side
@@ -245,7 +115,7 @@ def serve(address: str) -> None:
 def _refuse(conn: socket.socket, why: str) -> None:
     print(f"taskhost: refused a call: {why}", flush=True)
     with contextlib.suppress(OSError):
-        conn.sendall(_REFUSED + why.encode())
+        conn.sendall(REFUSED + why.encode())
     conn.close()
 
 
@@ -289,12 +159,12 @@ def _threads() -> str:
 
 
 def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
-    msg, fds, _, _ = socket.recv_fds(conn, _MAX_CALL, 2)
+    msg, fds, _, _ = socket.recv_fds(conn, MAX_CALL, 2)
     data = msg
     while chunk := conn.recv(65536):
         data += chunk
-        if len(data) > _MAX_CALL:
-            raise ValueError(f"a call of over {_MAX_CALL} bytes")
+        if len(data) > MAX_CALL:
+            raise ValueError(f"a call of over {MAX_CALL} bytes")
     if len(fds) != 2:
         for fd in fds:
             os.close(fd)
@@ -306,7 +176,7 @@ def _work(conn: socket.socket, request: dict, fds: list[int]) -> None:
     """A worker: become the task's process (its output, environment and directory), run, reply, exit."""
     status = 0
     try:
-        conn.sendall(_STARTED)
+        conn.sendall(STARTED)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the stage may wait for its own subprocesses
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -317,14 +187,14 @@ def _work(conn: socket.socket, request: dict, fds: list[int]) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
-        reply = execute(request["target"], request["config"], request["kwargs"], request["outputs"])._asdict()
+        reply = {"value": resolve(request["target"])(**request["kwargs"])}
     except BaseException as e:  # noqa: BLE001 - every failure goes back to the task
         traceback.print_exc()
         reply = {"error": {"type": type(e).__name__, "module": type(e).__module__, "message": str(e)}}
         status = 1
     try:
-        body = json.dumps(reply).encode()
-        conn.sendall(_HEADER.pack(len(body)) + body)
+        body = json.dumps(reply, default=plain).encode()
+        conn.sendall(HEADER.pack(len(body)) + body)
         conn.close()
         atexit._run_exitfuncs()  # what a task process runs at its exit (engines, process groups)
         sys.stdout.flush()

@@ -1,4 +1,4 @@
-"""Stage-shaped functions (``fn(cfg, **kwargs) -> dict``) for the task host's tests."""
+"""Functions for the task host's tests to call: what a worker is, and ways to fail."""
 
 from __future__ import annotations
 
@@ -12,14 +12,15 @@ import numpy as np
 
 from ac2_core.storage import ArtifactError
 
+MARK = "from the worker"
 
-def echo(cfg, *, value, pid_file=None):
+
+def echo(*, value, pid_file=None):
     """What the worker is: its pid, parent, environment and directory; prints to both streams."""
-    print(f"stdout of {cfg.run_id}", flush=True)
-    print(f"stderr of {cfg.run_id}", file=sys.stderr, flush=True)
+    print(f"stdout {MARK}", flush=True)
+    print(f"stderr {MARK}", file=sys.stderr, flush=True)
     return {
         "value": value,
-        "run_id": cfg.run_id,
         "pid": os.getpid(),
         "ppid": os.getppid(),
         "probe": os.environ.get("AC2_TEST_PROBE"),
@@ -28,19 +29,19 @@ def echo(cfg, *, value, pid_file=None):
     }
 
 
-def fail_artifact(cfg, *, message):
+def fail_artifact(*, message):
     raise ArtifactError(message)
 
 
-def fail_keyerror(cfg):
+def fail_keyerror():
     raise KeyError("missing")  # str() adds quotes: not rebuilt as a KeyError
 
 
-def die(cfg):
+def die():
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def wait(cfg, *, pid_file):
+def wait(*, pid_file):
     Path(pid_file).write_text(str(os.getpid()))
     time.sleep(120)
     return {}

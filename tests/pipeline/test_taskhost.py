@@ -1,6 +1,6 @@
-"""The warm task host (``pipelines.taskhost``): a worker per call that is the task's
-process in all that a stage sees, failures that read as without a host, and a host that
-is stopped with its workers."""
+"""The warm task host (``pipelines.taskhost``, the task's side in ``components.taskhost``):
+a worker per call that is the task's process in all that a stage sees, failures that read
+as without a host, and a host that is stopped with its workers."""
 
 from __future__ import annotations
 
@@ -15,40 +15,35 @@ from types import SimpleNamespace
 import pytest
 
 from ac2_core.storage import ArtifactError
-from components.io import CONFIG_FILE, run_stage
+from components import taskhost as task_side
 from pipelines import local, taskhost
-from tests.conftest import tiny_config
-
-TARGETS = "tests.pipeline.taskhost_targets"
+from tests.pipeline import taskhost_targets as targets
 
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
     folder = tmp_path_factory.mktemp("taskhost")
-    cfg = tiny_config()
-    (folder / CONFIG_FILE).write_text(cfg.to_json())
     with local.warm_task_host(folder / "taskhost.log") as address:
         taskhost.wait_ready(address)
-        yield SimpleNamespace(address=address, config=str(folder / CONFIG_FILE), cfg=cfg, log=folder / "taskhost.log")
+        yield SimpleNamespace(address=address, log=folder / "taskhost.log")
 
 
 def call(host, target: str, **kwargs):
-    return taskhost.call(f"{TARGETS}:{target}", host.config, kwargs, address=host.address)
+    return task_side.call(getattr(targets, target), kwargs, address=host.address)
 
 
 def test_a_worker_is_a_new_process_with_the_tasks_output_environment_and_directory(host, capfd, monkeypatch, tmp_path):
     monkeypatch.setenv("AC2_TEST_PROBE", "set by the task")
     monkeypatch.chdir(tmp_path)
-    result = call(host, "echo", value=[1, "two"])
-    first, second = result.stats, call(host, "echo", value=None).stats
-    assert first["value"] == [1, "two"] and first["run_id"] == host.cfg.run_id and result.seconds >= 0
+    first, second = call(host, "echo", value=[1, "two"]), call(host, "echo", value=None)
+    assert first["value"] == [1, "two"] and second["value"] is None
     assert first["probe"] == "set by the task" and first["cwd"] == str(tmp_path)
     assert first["numpy_float"] == 0.5
     # a fresh process per call, both forked by the same host (not this process)
     assert len({first["pid"], second["pid"], os.getpid()}) == 3
     assert first["ppid"] == second["ppid"] != os.getpid()
     out, err = capfd.readouterr()  # the worker wrote to this process's own stdout and stderr
-    assert out.count(f"stdout of {host.cfg.run_id}") == 2 and err.count(f"stderr of {host.cfg.run_id}") == 2
+    assert out.count(f"stdout {targets.MARK}") == 2 and err.count(f"stderr {targets.MARK}") == 2
     assert "imports done" in host.log.read_text()
 
 
@@ -63,33 +58,31 @@ def test_a_stage_error_is_raised_as_its_own_class_with_the_traceback_printed(hos
 
 
 def test_a_worker_that_dies_is_reported_and_the_host_serves_on(host):
-    with pytest.raises(RuntimeError, match=r"worker for .*:die died before it replied"):
+    with pytest.raises(RuntimeError, match=r"worker for tests.pipeline.taskhost_targets:die died before it replied"):
         call(host, "die")
-    assert call(host, "echo", value=1).stats["value"] == 1
+    assert call(host, "echo", value=1)["value"] == 1
 
 
 def test_without_a_host_the_task_runs_the_stage_itself(tmp_path, monkeypatch, capfd):
-    (tmp_path / CONFIG_FILE).write_text(tiny_config().to_json())
-    monkeypatch.setenv(taskhost.ENV, str(tmp_path / "gone" / "socket"))
-    stats = run_stage(f"{TARGETS}:echo", SimpleNamespace(path=str(tmp_path)), value=7)
-    assert stats["value"] == 7 and stats["pid"] == os.getpid()
+    monkeypatch.setenv(task_side.ENV, str(tmp_path / "gone" / "socket"))
+    result = task_side.call_or_run(targets.echo, {"value": 7}, label="stage echo")
+    assert result["value"] == 7 and result["pid"] == os.getpid() and result["numpy_float"] == 0.5
     err = capfd.readouterr().err
-    assert f"no task host at {tmp_path / 'gone' / 'socket'}" in err and f"running {TARGETS}:echo in the task's own process" in err
+    assert f"no task host at {tmp_path / 'gone' / 'socket'}" in err and "running stage echo in the task's own process" in err
 
 
 def test_stopping_the_host_stops_its_running_workers(tmp_path):
-    (tmp_path / CONFIG_FILE).write_text(tiny_config().to_json())
     pid_file, outcome = tmp_path / "worker.pid", {}
 
     def task(address):
         try:
-            taskhost.call(f"{TARGETS}:wait", str(tmp_path / CONFIG_FILE), {"pid_file": str(pid_file)}, address=address)
+            task_side.call(targets.wait, {"pid_file": str(pid_file)}, address=address)
         except RuntimeError as e:
             outcome["error"] = str(e)
 
-    before = os.environ.get(taskhost.ENV)
+    before = os.environ.get(task_side.ENV)
     with local.warm_task_host(tmp_path / "taskhost.log") as address:
-        assert os.environ[taskhost.ENV] == address
+        assert os.environ[task_side.ENV] == address
         thread = threading.Thread(target=task, args=(address,))
         thread.start()
         deadline = time.monotonic() + 120
@@ -98,7 +91,7 @@ def test_stopping_the_host_stops_its_running_workers(tmp_path):
         worker = int(pid_file.read_text())
     thread.join(timeout=30)
     assert "died before it replied" in outcome["error"]
-    assert not Path(address).parent.exists() and os.environ.get(taskhost.ENV) == before
+    assert not Path(address).parent.exists() and os.environ.get(task_side.ENV) == before
     deadline = time.monotonic() + 10
     while _alive(worker) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -116,7 +109,7 @@ def _alive(pid: int) -> bool:
 def test_a_task_with_a_host_imports_nothing_heavy():
     # what a component body imports before it hands its call over (the rest is the host's)
     probe = (
-        "import sys, kfp.dsl.executor_main, components.io, pipelines.taskhost;"
+        "import sys, kfp.dsl.executor_main, components.io, components.taskhost, ac2_core.stages.recipe;"
         "print(sorted(m for m in ('torch', 'transformers', 'pyarrow', 'pydantic', 'numpy', 'fsspec') if m in sys.modules))"
     )
     out = subprocess.run(
@@ -127,23 +120,22 @@ def test_a_task_with_a_host_imports_nothing_heavy():
 
 def test_a_large_environment_reaches_the_worker_whole(host, monkeypatch):
     monkeypatch.setenv("AC2_TEST_PROBE", "x" * 600_000)  # the call carries the environment: it must fit, whole
-    assert call(host, "echo", value=0).stats["probe"] == "x" * 600_000
+    assert call(host, "echo", value=0)["probe"] == "x" * 600_000
 
 
 def test_a_task_runs_new_code_itself_when_the_hosts_sources_changed(tmp_path, capfd):
-    from ac2_core.runner import layout  # imported by the host; only its modification time changes here
+    from ac2_core.stages import recipe  # imported by the host; only its modification time changes here
 
-    (tmp_path / CONFIG_FILE).write_text(tiny_config().to_json())
-    config, source = SimpleNamespace(path=str(tmp_path)), Path(layout.__file__)
+    source = Path(recipe.__file__)
     before = source.stat()
     with local.warm_task_host(tmp_path / "taskhost.log") as address:
         taskhost.wait_ready(address)
-        assert run_stage(f"{TARGETS}:echo", config, value=1)["pid"] != os.getpid()  # a worker of the host
+        assert task_side.call_or_run(targets.echo, {"value": 1}, label="stage echo")["pid"] != os.getpid()  # a worker
         os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
         try:
-            stats = run_stage(f"{TARGETS}:echo", config, value=2)
+            result = task_side.call_or_run(targets.echo, {"value": 2}, label="stage echo")
         finally:
             os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))
-    assert stats["value"] == 2 and stats["pid"] == os.getpid()  # as a cold task would: with the code on disk now
+    assert result["value"] == 2 and result["pid"] == os.getpid()  # as a cold task would: with the code on disk now
     err = capfd.readouterr().err
-    assert f"refused the call: {source} changed since the host imported it; running {TARGETS}:echo" in err
+    assert f"refused the call: {source} changed since the host imported it; running stage echo" in err
