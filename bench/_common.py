@@ -39,11 +39,11 @@ def prepare_bootstrap(cfg, layout, source: str | None) -> None:
     """Adopt ``source``'s bootstrap when given, else make one; either way not measured."""
     import time
 
-    from ac2_core.runner import inprocess
+    from ac2_core.runner import inprocess, loop
 
     t0 = time.perf_counter()
     if source:
-        inprocess.adopt_bootstrap(cfg, layout, source)
+        loop.adopt_bootstrap(cfg, layout, source)  # a run folder of either runner
     else:
         inprocess.run_bootstrap(cfg, layout)
     print(f"bootstrap (not measured): {time.perf_counter() - t0:.1f}s", flush=True)

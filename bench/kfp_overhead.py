@@ -41,7 +41,8 @@ sys.path.insert(0, str(ROOT))
 
 from ac2_core.models.store import ModelStore  # noqa: E402
 from ac2_core.runner import inprocess  # noqa: E402
-from ac2_core.runner.layout import STAGES, RunLayout  # noqa: E402
+from ac2_core.runner.layout import RunLayout  # noqa: E402
+from ac2_core.stages.recipe import ITERATION_STAGES as STAGES  # noqa: E402
 from pipelines import driver, local  # noqa: E402
 
 TOY = ROOT / "pipelines" / "configs" / "toy.yaml"
@@ -114,17 +115,18 @@ def kfp_iteration(cfg, boot: dict, root: Path, label: str, *, warm: bool) -> dic
             address = stack.enter_context(local.warm_task_host(root / "logs" / f"{label}-taskhost.log"))
             host_start = time.perf_counter() - t0 + taskhost.wait_ready(address)
         t1 = time.perf_counter()
-        outs = local.run_pipeline(iteration_pipeline, driver.iteration_arguments(cfg, boot, None, 1), root, label)
+        arguments = driver.pipeline_arguments(cfg, 1, lambda _, name: boot[name])
+        run_root = local.run_pipeline(iteration_pipeline, arguments, root, label)
         wall = time.perf_counter() - t1
     # the host has exited here, so its workers' CPU time is in this process's children's
     cpu = _children_cpu() - c0
     return {
         "host_start": host_start,
         "walls": task_walls(root / "logs" / f"{label}.log"),
-        "stage": stage_seconds(Path(outs["actor"]).parents[1]),
+        "stage": stage_seconds(run_root),
         "wall": wall,
         "cpu": cpu,
-        "outputs": outs,
+        "outputs": driver.find_outputs(str(run_root)),
     }
 
 
@@ -143,7 +145,7 @@ def main() -> None:
 
     local._init(root)
     t0 = time.perf_counter()
-    boot = local.run_pipeline(bootstrap_pipeline, {"config_json": cfg.to_json()}, root, "bootstrap")
+    boot = driver.find_outputs(str(local.run_pipeline(bootstrap_pipeline, {"config_json": cfg.to_json()}, root, "bootstrap")))
     print(f"bootstrap (not measured): {time.perf_counter() - t0:.1f}s", flush=True)
 
     load_start = os.getloadavg()[0]

@@ -91,20 +91,21 @@ class Ac2Side:
         io_before = sum(self.clock.io_seconds(s) for s in AC2_STAGES)
         t_step = time.perf_counter()
         with self.clock.patched():
-            for name, fn, kwargs in inprocess.stage_calls(self.cfg, self.layout, self.it):
+            for call in inprocess.stage_calls(self.cfg, self.layout, self.it):
+                name = call.stage
                 if name not in AC2_STAGES:  # evaluate: excluded on both sides
                     continue
                 self.clock.stage = name
                 t0 = time.perf_counter()
-                m = inprocess.call_stage(self.cfg, fn, self.it, kwargs, self.store)
+                m = call.run(self.cfg, store=self.store)
                 record["stages"][name] = time.perf_counter() - t0
                 self.clock.stage = "outside"
                 if name == "generate_chunks":
-                    record["completions"], record["decode_tokens"] = m["chunks"], m["decode_tokens"]
+                    record["completions"], record["decode_tokens"] = m.chunks, m.decode_tokens
                 if name == "score_chunks":
-                    record["mean_reward"] = m["mean_reward"]
+                    record["mean_reward"] = m.mean_reward
                 if name == "update_actor":
-                    record["trained_rows"] = m["trained_chunks"]
+                    record["trained_rows"] = m.trained_chunks
         record["seconds"] = time.perf_counter() - t_step
         record["io"] = sum(self.clock.io_seconds(s) for s in AC2_STAGES) - io_before
         self.steps.append(record)

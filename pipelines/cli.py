@@ -24,6 +24,7 @@ import yaml
 
 from ac2_core.config import AC2Config, ConfigError, load_config
 from ac2_core.runner.report import metrics_markdown
+from ac2_core.stages.recipe import STAGES
 from ac2_core.storage import ArtifactError
 from pipelines.driver import PipelineFailed
 
@@ -113,42 +114,42 @@ def cmd_submit(args) -> int:
 
 
 def cmd_stage(args) -> int:
-    from pipelines.stage import run_stage, stage_kwargs
+    from pipelines.stage import default_iteration, run_stage, stage_kwargs
 
     cfg = _config(args)
     kwargs = stage_kwargs(args.name, args.inputs or [], args.outputs or [])
-    _log(f"stage {args.name}, iteration {args.iteration}, config {cfg.config_hash()[:12]}")
-    stats = run_stage(cfg, args.name, args.iteration, kwargs)
-    print(json.dumps(stats, default=str), flush=True)
+    iteration = default_iteration(args.name) if args.iteration is None else args.iteration
+    _log(f"stage {args.name}, iteration {iteration}, config {cfg.config_hash()[:12]}")
+    stats = run_stage(cfg, args.name, iteration, kwargs)
+    print(json.dumps(stats.as_dict(), default=str), flush=True)
     return 0
 
 
 def cmd_report(args) -> int:
-    from pipelines.report import write_report
+    from ac2_core.runner.report import write_report
 
     png, md = write_report(args.run_dir)
     _log(f"wrote {png} and {md}")
     return 0
 
 
-STAGE_HELP = """Re-run one stage on the artifacts of any earlier run, exactly as its KFP component
-would. KEY is a keyword of ac2_core.stages.NAME.run: inputs as written (--in actor=URI),
-outputs with or without their out_ prefix (--out chunks=URI or --out out_chunks=URI).
-An input the stage accepts as None (a grpo run's critic, update_actor's reference when
-kl_beta is 0) may be left out. Seeds derive from --iteration: pass the original one to
-reproduce an output exactly."""
+STAGE_HELP = """Re-run one stage on the artifacts of any earlier run (either runner's run folder:
+RUN/iter-0002/score_chunks/critic_pairs), exactly as its KFP component would. KEY is one of
+the stage's inputs or outputs as the recipe (ac2_core/stages/recipe.py) names them: inputs
+as written (--in actor=URI), outputs with or without their out_ prefix (--out chunks=URI or
+--out out_chunks=URI). An input the stage may take as None (a grpo run's critic,
+update_actor's reference when kl_beta is 0) may be left out. Seeds derive from
+--iteration: pass the original one to reproduce an output exactly."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ac2", description="AC2: actor-critic with action chunking, as Kubeflow Pipelines")
-    sub = p.add_subparsers(dest="command", required=True)
+def _with_config(sp) -> None:
+    sp.add_argument("--config", required=True, help="YAML config (see pipelines/configs/)")
+    sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field, e.g. rollout.group_size=4")
 
-    def with_config(sp):
-        sp.add_argument("--config", required=True, help="YAML config (see pipelines/configs/)")
-        sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field, e.g. rollout.group_size=4")
 
+def _add_run(sub) -> None:
     r = sub.add_parser("run", help="train on this machine: bootstrap, then N iterations")
-    with_config(r)
+    _with_config(r)
     r.add_argument("--iterations", type=int, help="override run.iterations")
     r.add_argument("--out", help="run folder (default runs/<run_id>); an existing run is resumed")
     r.add_argument(
@@ -161,7 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--bootstrap-from",
         metavar="RUN_DIR",
-        help="start from another run folder's bootstrap (same model, task, warm start, eval and seed) instead of making one",
+        help="start from another run folder's bootstrap (same model, task, warm start, eval and seed; either runner's"
+        " folder) instead of making one",
     )
     r.add_argument(
         "--cold-tasks",
@@ -171,12 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.set_defaults(fn=cmd_run)
 
-    v = sub.add_parser("validate", help="check a config and print its hash")
-    with_config(v)
-    v.set_defaults(fn=cmd_validate)
 
+def _add_compile_and_submit(sub) -> None:
     c = sub.add_parser("compile", help="write a pipeline's KFP IR YAML (the config becomes config_json's default)")
-    with_config(c)
+    _with_config(c)
     c.add_argument("--out", required=True, help="YAML file to write")
     c.add_argument(
         "--pipeline", choices=["iteration", "bootstrap"], default="iteration", help="which pipeline (default iteration)"
@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("submit", help="run on a KFP cluster: a bootstrap run, then one chained run per iteration")
     s.add_argument("--host", required=True, help="KFP API endpoint, e.g. http://localhost:8080")
-    with_config(s)
+    _with_config(s)
     s.add_argument("--iterations", type=int, help="override run.iterations")
     s.add_argument("--experiment", default="ac2", help="KFP experiment (default ac2)")
     s.add_argument("--pipeline-root", help="where runs write artifacts, e.g. s3://bucket/ac2 (required unless --dry-run)")
@@ -193,18 +193,26 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dry-run", action="store_true", help="compile and print the runs that would be submitted; send nothing")
     s.set_defaults(fn=cmd_submit)
 
+
+def _add_stage(sub) -> None:
     st = sub.add_parser("stage", help="re-run one stage on existing artifacts", description=STAGE_HELP)
-    st.add_argument(
-        "name",
-        metavar="NAME",
-        help="sample_prefixes, generate_chunks, score_chunks, check_readiness, update_actor, update_critic or evaluate",
-    )
-    with_config(st)
+    st.add_argument("name", metavar="NAME", help=", ".join(STAGES))
+    _with_config(st)
     st.add_argument("--in", dest="inputs", action="append", metavar="KEY=URI", help="an input artifact")
     st.add_argument("--out", dest="outputs", action="append", metavar="KEY=URI", help="where to write an output artifact")
-    st.add_argument("--iteration", type=int, default=1, help="the iteration the stage runs as (default 1)")
+    st.add_argument("--iteration", type=int, help="the iteration the stage runs as (default 1; 0 for the bootstrap)")
     st.set_defaults(fn=cmd_stage)
 
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ac2", description="AC2: actor-critic with action chunking, as Kubeflow Pipelines")
+    sub = p.add_subparsers(dest="command", required=True)
+    _add_run(sub)
+    v = sub.add_parser("validate", help="check a config and print its hash")
+    _with_config(v)
+    v.set_defaults(fn=cmd_validate)
+    _add_compile_and_submit(sub)
+    _add_stage(sub)
     rp = sub.add_parser("report", help="learning_curve.png and report.md of a run folder (either runner)")
     rp.add_argument("run_dir", metavar="RUN_DIR")
     rp.set_defaults(fn=cmd_report)

@@ -1,41 +1,48 @@
-"""The two pipelines: ``ac2-bootstrap`` (run once) and ``ac2-iteration`` (run once per iteration).
+"""The two pipelines, built from the recipe: ``ac2-bootstrap`` (run once) and ``ac2-iteration``
+(run once per iteration).
 
-KFP has no loop over iterations, so the driver (``pipelines.driver``) submits one
-iteration run after another and passes the previous run's output URIs in as parameters;
-``dsl.importer`` turns them back into artifacts, so lineage connects the runs.
+Each stage of ``ac2_core.stages.recipe`` becomes a task of its component, its inputs wired
+as the recipe says: an input from this iteration is the output of the task that writes it;
+one from the bootstrap or the previous iteration comes in as a pipeline parameter
+``<keyword>_uri`` that ``dsl.importer`` turns back into an artifact, so lineage connects
+the runs. KFP has no loop over iterations: the kfp runner (``pipelines.local``) and
+``ac2 submit`` run one iteration pipeline after another, with the URIs from
+``pipelines.driver.pipeline_arguments``.
 
-One DAG serves both algorithms, branching on the ``algorithm`` that the ``config`` step
-reads from the validated config (so it cannot disagree with the config):
+One DAG serves both algorithms. From the first stage that runs under one algorithm only
+(``update_critic``, ac2), the rest is built once per algorithm, inside a branch on the
+``algorithm`` the ``config`` task reads from the validated config:
 
     sample_prefixes -> generate_chunks -> score_chunks -> check_readiness -> update_actor
                                                        \\-> [ac2]  update_critic -> evaluate(critic)
                                                        \\-> [grpo] evaluate()
 
-``evaluate`` sits in both branches because it needs the *updated* critic under ac2, and
+``evaluate`` sits in both branches because it reads the *updated* critic under ac2, and
 KFP forbids consuming a branch's output outside it (``dsl.OneOf`` would join them, but
-kfp.local 2.17.3 cannot resolve a OneOf of artifacts). Inputs that a stage reads only
-under a config condition are wired unconditionally: ``score_chunks`` always gets the
-previous critic (for grpo, the bootstrap critic, which it does not read) and
-``update_actor`` always gets the bootstrap actor as ``reference`` (read only when
-``actor.kl_beta > 0``). This mirrors ``ac2_core.runner.inprocess.stage_calls``.
+kfp.local 2.17.3 cannot resolve a OneOf of artifacts). An input that a stage reads only
+under a config condition is wired all the same (the recipe's ``read_when``).
 
 On a cluster, the ``cluster`` section of the config (``ac2_core.config.ClusterConfig``)
 decides what each task asks Kubernetes for: GPUs, the GPU image, CPU and memory, node
 selectors, tolerations, a memory-backed ``/dev/shm``, the S3 credentials Secret and, for
 the grading tasks, the rubric judge's API key Secret, all through kfp-kubernetes.
 ``build_pipelines(cluster)`` applies them at compile time; ``bootstrap_pipeline`` and
-``iteration_pipeline`` are built with the defaults, which add
-nothing (kfp.local would ignore them anyway).
+``iteration_pipeline`` are built with the defaults, which add nothing (kfp.local would
+ignore them anyway).
 
 No ``from __future__ import annotations`` here: KFP reads the real annotations.
 """
 
 import functools
+import inspect
+import typing
 
 from kfp import dsl, kubernetes
 from kfp.dsl import Dataset, Model
 
-from ac2_core.config import ClusterConfig
+from ac2_core.config import AC2Config, ClusterConfig
+from ac2_core.stages import recipe
+from ac2_core.stages.recipe import BOOTSTRAP_STAGE, ITERATION, Stage
 from components.bootstrap import bootstrap
 from components.check_readiness import check_readiness
 from components.config import config
@@ -50,18 +57,35 @@ from components.update_critic import update_critic
 BOOTSTRAP_PIPELINE = "ac2-bootstrap"
 ITERATION_PIPELINE = "ac2-iteration"
 
-ARTIFACT_CLASS = {"actor": Model, "critic": Model, "reference": Model}
+COMPONENTS = {
+    "bootstrap": bootstrap,
+    "sample_prefixes": sample_prefixes,
+    "generate_chunks": generate_chunks,
+    "score_chunks": score_chunks,
+    "check_readiness": check_readiness,
+    "update_actor": update_actor,
+    "update_critic": update_critic,
+    "evaluate": evaluate,
+}
+ALGORITHMS = typing.get_args(AC2Config.model_fields["algorithm"].annotation)
 # the keys of the S3 credentials Secret (k8s/base), each given to the stages as the env variable of its name
 S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 # the tasks that call the grader, so the only ones that get the judge's API key (cluster.judge_secret)
 GRADING_TASKS = ("bootstrap", "score_chunks", "evaluate")
 DEFAULT_CLUSTER = ClusterConfig()
 
-
-def _stage(component, name: str, cluster: ClusterConfig, judge_key_env: str | None, **inputs) -> dsl.PipelineTask:
-    # stochastic stages must never be served from a cache
-    task = component(**inputs).set_display_name(name).set_caching_options(False)
-    return _on_cluster(task, name, cluster, judge_key_env)
+# the iteration pipeline's parameters: the config, the iteration, and a URI per input from outside it
+ITERATION_PARAMETERS = inspect.Signature(
+    [
+        inspect.Parameter("config_json", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str),
+        inspect.Parameter("iteration", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=int),
+        *(
+            inspect.Parameter(f"{inp.keyword}_uri", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)
+            for inp in recipe.imports()
+        ),
+    ],
+    return_annotation=Model,
+)
 
 
 def _on_cluster(task: dsl.PipelineTask, name: str, cluster: ClusterConfig, judge_key_env: str | None = None) -> dsl.PipelineTask:
@@ -104,117 +128,73 @@ def _on_cluster(task: dsl.PipelineTask, name: str, cluster: ClusterConfig, judge
     return task
 
 
-def _import(uri: str, name: str) -> dsl.PipelineTask:
-    cls = ARTIFACT_CLASS.get(name, Dataset)
-    return dsl.importer(artifact_uri=uri, artifact_class=cls, reimport=False).set_display_name(f"import {name}")
+def _config_task(config_json, cluster: ClusterConfig) -> dsl.PipelineTask:
+    return _on_cluster(config(config_json=config_json).set_display_name("config"), "config", cluster)
+
+
+def _import(uri, inp: recipe.Input) -> dsl.PipelineTask:
+    cls = Model if inp.artifact in recipe.MODELS else Dataset
+    return dsl.importer(artifact_uri=uri, artifact_class=cls, reimport=False).set_display_name(f"import {inp.keyword}")
 
 
 def build_pipelines(cluster: ClusterConfig = DEFAULT_CLUSTER, judge_key_env: str | None = None) -> dict:
     """Both pipelines, ``{"bootstrap": ..., "iteration": ...}``, with ``cluster``'s settings on their tasks
     (``judge_key_env``: ``task.judge.api_key_env``, needed with ``cluster.judge_secret``)."""
-    stage = functools.partial(_stage, cluster=cluster, judge_key_env=judge_key_env)
+    on_cluster = functools.partial(_on_cluster, cluster=cluster, judge_key_env=judge_key_env)
 
-    @dsl.pipeline(
-        name=BOOTSTRAP_PIPELINE, description="AC2 bootstrap: problems, initial actor and critic, empty iteration-0 tables"
-    )
+    def add(stage: Stage, wired: dict) -> dsl.PipelineTask:
+        # stochastic stages must never be served from a cache
+        task = COMPONENTS[stage.name](**wired).set_display_name(stage.name).set_caching_options(False)
+        return on_cluster(task, stage.name)
+
     def bootstrap_pipeline(config_json: str) -> Model:
-        setup = _on_cluster(config(config_json=config_json).set_display_name("config"), "config", cluster)
-        boot = stage(bootstrap, "bootstrap", config=setup.outputs["config"])
-        return boot.outputs["actor"]
+        setup = _config_task(config_json, cluster)
+        return add(BOOTSTRAP_STAGE, {"config": setup.outputs["config"]}).outputs["out_actor"]
 
-    @dsl.pipeline(name=ITERATION_PIPELINE, description="One AC2 (or GRPO) iteration over the previous iteration's artifacts")
-    def iteration_pipeline(
-        config_json: str,
-        iteration: int,
-        problems_uri: str,
-        reference_uri: str,
-        actor_uri: str,
-        critic_uri: str,
-        replay_uri: str,
-        scored_chunks_uri: str,
-        readiness_uri: str,
-        metrics_uri: str,
-    ) -> Model:
-        setup = _on_cluster(config(config_json=config_json).set_display_name("config"), "config", cluster)
-        cfg = setup.outputs["config"]
-        problems = _import(problems_uri, "problems").output
-        reference = _import(reference_uri, "reference").output
-        actor = _import(actor_uri, "actor").output
-        critic = _import(critic_uri, "critic").output
-        replay = _import(replay_uri, "replay").output
-        scored_before = _import(scored_chunks_uri, "scored_chunks").output
-        readiness = _import(readiness_uri, "readiness").output
-        metrics = _import(metrics_uri, "metrics").output
-        common = dict(config=cfg, iteration=iteration, problems=problems)
+    def iteration_pipeline(*values):
+        args = dict(zip(ITERATION_PARAMETERS.parameters, values))
+        setup = _config_task(args["config_json"], cluster)
+        common = {"config": setup.outputs["config"], "iteration": args["iteration"]}
+        imported = {inp.keyword: _import(args[f"{inp.keyword}_uri"], inp).output for inp in recipe.imports()}
+        split = next(i for i, s in enumerate(ITERATION) if s.only_for is not None)
+        (branch,) = {s.only_for for s in ITERATION[split:] if s.only_for is not None}
+        produced = _add_stages(add, ITERATION[:split], None, common, imported, {})
+        with dsl.If(setup.outputs["algorithm"] == branch, name=branch):
+            _add_stages(add, ITERATION[split:], branch, common, imported, produced)
+        with dsl.Else(name=" ".join(a for a in ALGORITHMS if a != branch)):
+            _add_stages(add, ITERATION[split:], None, common, imported, produced)
+        return produced["actor"]
 
-        sampled = stage(
-            sample_prefixes,
-            "sample_prefixes",
-            **common,
-            replay=replay,
-            scored_chunks=scored_before,
-            readiness=readiness,
-            actor=actor,
-        )
-        prefixes, replay_now = sampled.outputs["out_prefixes"], sampled.outputs["out_replay"]
-        generated = stage(generate_chunks, "generate_chunks", **common, prefixes=prefixes, actor=actor)
-        chunks = generated.outputs["out_chunks"]
-        scored = stage(
-            score_chunks,
-            "score_chunks",
-            **common,
-            replay=replay_now,
-            prefixes=prefixes,
-            chunks=chunks,
-            actor=actor,
-            critic=critic,
-        )
-        scored_chunks, critic_pairs = scored.outputs["out_scored_chunks"], scored.outputs["out_critic_pairs"]
-        ready = stage(
-            check_readiness,
-            "check_readiness",
-            config=cfg,
-            iteration=iteration,
-            readiness=readiness,
-            critic_pairs=critic_pairs,
-            scored_chunks=scored_chunks,
-        )
-        updated = stage(
-            update_actor,
-            "update_actor",
-            **common,
-            actor=actor,
-            prefixes=prefixes,
-            chunks=chunks,
-            advantages=ready.outputs["out_advantages"],
-            reference=reference,
-        )
-        evaluated = dict(
-            **common,
-            actor=updated.outputs["out_actor"],
-            prefixes=prefixes,
-            chunks=chunks,
-            scored_chunks=scored_chunks,
-            critic_pairs=critic_pairs,
-            readiness=ready.outputs["out_readiness"],
-            metrics=metrics,
-        )
-        with dsl.If(setup.outputs["algorithm"] == "ac2", name="ac2"):
-            fitted = stage(
-                update_critic,
-                "update_critic",
-                **common,
-                replay=replay_now,
-                critic=critic,
-                critic_pairs=critic_pairs,
-                scored_chunks=scored_chunks,
-            )
-            stage(evaluate, "evaluate", **evaluated, critic=fitted.outputs["out_critic"])
-        with dsl.Else(name="grpo"):
-            stage(evaluate, "evaluate", **evaluated)
-        return updated.outputs["out_actor"]
+    iteration_pipeline.__signature__ = ITERATION_PARAMETERS  # KFP reads the parameters from the signature
+    return {
+        "bootstrap": dsl.pipeline(
+            name=BOOTSTRAP_PIPELINE,
+            description="AC2 bootstrap: problems, initial actor and critic, empty iteration-0 tables",
+        )(bootstrap_pipeline),
+        "iteration": dsl.pipeline(
+            name=ITERATION_PIPELINE,
+            description="One AC2 (or GRPO) iteration over the previous iteration's artifacts",
+        )(iteration_pipeline),
+    }
 
-    return {"bootstrap": bootstrap_pipeline, "iteration": iteration_pipeline}
+
+def _add_stages(add, stages, algorithm: str | None, common: dict, imported: dict, produced: dict) -> dict:
+    """Add the tasks of ``stages`` that run under ``algorithm`` (None: only those that run under
+    every algorithm), each input wired to an import or to the task that writes it in this iteration;
+    an input whose writer is not among them is left out (the stage takes it as None).
+    Returns the artifacts produced so far: ``produced`` and these tasks' outputs."""
+    produced = dict(produced)
+    for stage in stages:
+        if stage.only_for not in (None, algorithm):
+            continue
+        wired = {
+            inp.keyword: imported[inp.keyword] if inp.imported else produced[inp.artifact]
+            for inp in stage.inputs
+            if inp.imported or inp.artifact in produced
+        }
+        task = add(stage, {**common, **wired})
+        produced.update({name: task.outputs[f"out_{name}"] for name in stage.outputs})
+    return produced
 
 
 # with the default (empty) cluster settings: what kfp.local runs

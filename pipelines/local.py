@@ -1,14 +1,21 @@
 """The ``kfp`` runner on this machine: the real pipelines through ``kfp.local``.
 
-    <out>/kfp/                     the kfp.local pipeline root: one folder per pipeline run
-    <out>/kfp/runs.json            which run produced what (the bootstrap, then each iteration)
-    <out>/kfp/logs/<run>.log       everything kfp.local and the tasks printed
+One bootstrap run, then one iteration run per iteration, driven by the iteration loop
+(``ac2_core.runner.loop``), each run importing the artifacts of the runs before it
+(``pipelines.driver.pipeline_arguments``). kfp.local writes a run's outputs under its own
+folder; once the run has finished, every ac2 artifact is moved to its name in the run
+folder (``RunLayout``: the same layout as the inprocess runner's), so the next run, a
+resumed run, ``--bootstrap-from``, ``ac2 stage`` and ``ac2 report`` find it there.
+
+    <out>/bootstrap/..., <out>/iter-0001/...   the artifacts (``ac2_core.runner.layout``)
+    <out>/kfp/                     the kfp.local pipeline root: one folder per pipeline run, with
+                                   the tasks' KFP metadata and evaluate's Markdown report
+    <out>/kfp/runs.json            which pipeline run wrote the bootstrap and each iteration
+    <out>/kfp/logs/<label>.log     everything kfp.local and the tasks printed
     <out>/kfp/logs/taskhost.log    the warm task host's own lines (``pipelines.taskhost``)
 
-One bootstrap run, then one iteration run per iteration, each importing the previous
-run's outputs (``pipelines.driver``). A run folder that already holds finished
-iterations is resumed after the last one. kfp.local ignores s3:// roots and
-kfp-kubernetes settings, and deletes its workspace folder after each run (ac2 uses none).
+kfp.local ignores s3:// roots and kfp-kubernetes settings, and deletes its workspace
+folder after each run (ac2 uses none).
 """
 
 from __future__ import annotations
@@ -16,21 +23,24 @@ from __future__ import annotations
 import builtins
 import contextlib
 import io
+import json
 import os
 import re
 import sys
-import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import ac2_core
 from ac2_core import storage
 from ac2_core.config import AC2Config
-from ac2_core.runner.inprocess import HEADER, format_row
+from ac2_core.runner import loop
+from ac2_core.runner.layout import RunLayout
+from ac2_core.stages import recipe
 from pipelines import driver, taskhost
 
-Log = Callable[[str], None]
+Log = loop.Log
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # a stage's own progress lines, as kfp.local streams a task's output (indented by 4)
 PROGRESS = re.compile(r"^ {4}(warm start\b.*)$")
@@ -118,9 +128,9 @@ class _LogSink(io.TextIOBase):
         self.file.flush()
 
 
-def run_pipeline(pipeline, arguments: dict, pipeline_root: Path, label: str, *, progress: Log | None = None) -> dict[str, str]:
+def run_pipeline(pipeline, arguments: dict, pipeline_root: Path, label: str, *, progress: Log | None = None) -> Path:
     """Run one pipeline through kfp.local (output to ``logs/<label>.log``, the stages'
-    progress lines also to ``progress``); returns its outputs."""
+    progress lines also to ``progress``); returns the pipeline run's folder."""
     log_file = pipeline_root / "logs" / f"{label}.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with (
@@ -142,23 +152,106 @@ def run_pipeline(pipeline, arguments: dict, pipeline_root: Path, label: str, *, 
             failed = False
     if failed:
         raise driver.PipelineFailed(f"{label}: {_last_error(log_file)} (full log: {log_file})")
-    run_root = Path(task.output.uri).parents[1]  # <pipeline_root>/<pipeline>-<timestamp>/<task>/<output>
-    return driver.find_outputs(str(run_root))
+    return Path(task.output.uri).parents[1]  # <pipeline_root>/<pipeline>-<timestamp>/<task>/<output>
 
 
-def _prune(cfg: AC2Config, state: driver.RunState, it: int) -> None:
-    """Drop checkpoints older than the newest ``run.keep_models`` iterations (tables are kept)."""
-    old = state.iterations.get(it - cfg.run.keep_models, {})
-    for name in ("actor", "critic"):
-        if name in old:
-            storage.remove(old[name])
+def keep_outputs(cfg: AC2Config, layout: RunLayout, iteration: int, run_root: Path) -> None:
+    """Move the ac2 artifacts of a finished pipeline run to their names in the run folder.
+
+    In the recipe's order, so the metrics table comes last: an iteration is finished once
+    its metrics is there (``RunLayout.completed_iterations``), and an interrupted move is
+    redone whole by the rerun of the iteration.
+    """
+    found = driver.find_outputs(str(run_root))
+    expected = [name for call in recipe.calls(cfg, iteration, layout.output) for name in call.outputs]
+    missing = [name for name in expected if name not in found]
+    if missing:
+        raise driver.PipelineFailed(f"{run_root}: the run published no {', '.join(missing)}")
+    for name in expected:
+        storage.move(found[name], layout.output(iteration, name))
+
+
+@dataclass
+class KfpRuns:
+    """``kfp/runs.json``: the run folder's algorithm, and the kfp.local pipeline run (a folder
+    of ``kfp/``) that wrote the bootstrap and each iteration, by label (``bootstrap``,
+    ``iter-0001``, ...; the log of each is ``kfp/logs/<label>.log``)."""
+
+    path: Path
+    algorithm: str
+    runs: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path, cfg: AC2Config, layout: RunLayout) -> KfpRuns:
+        """The saved record, or a fresh one; refuses a run folder of the other algorithm."""
+        if not path.exists():
+            return cls(path, cfg.algorithm)
+        body = json.loads(path.read_text())
+        if body["algorithm"] != cfg.algorithm:
+            raise ValueError(f"{path}: this run folder holds a {body['algorithm']} run; the config says {cfg.algorithm}")
+        if "iterations" in body:  # written before both runners shared the run folder's layout
+            record = cls(path, body["algorithm"], _moved_to_layout(body, path.parent, layout))
+            record.save()
+            return record
+        return cls(path, body["algorithm"], body["runs"])
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"algorithm": self.algorithm, "runs": self.runs}, indent=1, sort_keys=True) + "\n")
+        tmp.replace(self.path)
+
+
+def _moved_to_layout(body: dict, root: Path, layout: RunLayout) -> dict[str, str]:
+    """The artifacts an older ``runs.json`` names (by URI, under kfp.local's folders) at their
+    names in the run folder: moved from this run's ``kfp/``, copied from elsewhere (an adopted
+    bootstrap stays with the run that made it); pruned checkpoints are skipped."""
+    runs = {}
+    parts = [("bootstrap", 0, body.get("bootstrap") or {})]
+    parts += [(f"iter-{int(k):04d}", int(k), v) for k, v in sorted(body["iterations"].items(), key=lambda kv: int(kv[0]))]
+    for label, iteration, outputs in parts:
+        for name, uri in sorted(outputs.items(), key=lambda kv: kv[0] == "metrics"):  # metrics last
+            if storage.exists(uri):
+                mine = Path(uri).resolve().is_relative_to(root.resolve())
+                (storage.move if mine else storage.copy)(uri, layout.output(iteration, name))
+                if mine:
+                    runs[label] = Path(uri).resolve().relative_to(root.resolve()).parts[0]
+    return runs
+
+
+class KfpLocal:
+    """``loop.Runner`` through kfp.local: a pipeline run for the bootstrap and for each iteration."""
+
+    label = "kfp.local"
+
+    def __init__(self, cfg: AC2Config, root: Path, layout: RunLayout):
+        self.root = root
+        self.record = KfpRuns.load(root / "runs.json", cfg, layout)
+        _init(root)
+
+    def bootstrap(self, cfg: AC2Config, layout: RunLayout, log: Log) -> None:
+        from pipelines.dag import bootstrap_pipeline
+
+        self._run(cfg, layout, 0, bootstrap_pipeline, {"config_json": cfg.to_json()}, "bootstrap", progress=log)
+
+    def iteration(self, cfg: AC2Config, layout: RunLayout, it: int) -> None:
+        from pipelines.dag import iteration_pipeline
+
+        arguments = driver.pipeline_arguments(cfg, it, layout.output)
+        self._run(cfg, layout, it, iteration_pipeline, arguments, f"iter-{it:04d}")
+
+    def _run(self, cfg, layout, iteration, pipeline, arguments, label: str, progress: Log | None = None) -> None:
+        run_root = run_pipeline(pipeline, arguments, self.root, label, progress=progress)
+        keep_outputs(cfg, layout, iteration, run_root)
+        self.record.runs[label] = run_root.name
+        self.record.save()
 
 
 def run(
     cfg: AC2Config, out_dir: str, *, log: Log = print, bootstrap_from: str | None = None, task_host: bool = True
 ) -> list[dict]:
-    """Bootstrap (once, or adopt ``bootstrap_from``'s), then iteration runs up to
-    ``cfg.run.iterations``; returns the metrics rows.
+    """``ac2 run --runner kfp``: ``loop.run`` with each bootstrap and iteration a kfp.local
+    pipeline run; returns the metrics rows.
 
     With ``task_host`` (the default) the tasks hand their stage calls to a warm task host
     (``pipelines.taskhost``) instead of importing the stage code themselves; without it
@@ -169,39 +262,5 @@ def run(
         stack.enter_context(storage.using(cfg.storage))
         if task_host:
             stack.enter_context(warm_task_host(root / "logs" / "taskhost.log"))
-        return _run(cfg, root, out_dir, log, bootstrap_from)
-
-
-def _run(cfg: AC2Config, root: Path, out_dir: str, log: Log, bootstrap_from: str | None) -> list[dict]:
-    from pipelines.dag import bootstrap_pipeline, iteration_pipeline
-
-    state = driver.RunState.load(root / "runs.json", cfg)
-    _init(root)
-    t_start = time.perf_counter()
-    if state.bootstrap is None and bootstrap_from:
-        state.bootstrap = driver.adopted_bootstrap(cfg, bootstrap_from)
-        state.save()
-        log(f"bootstrap adopted from {bootstrap_from}")
-    if state.bootstrap is None:
-        t0 = time.perf_counter()
-        state.bootstrap = run_pipeline(bootstrap_pipeline, {"config_json": cfg.to_json()}, root, "bootstrap", progress=log)
-        state.save()
-        log(f"bootstrap: {time.perf_counter() - t0:.1f}s")
-    done = state.done
-    if done:
-        log(f"resuming {out_dir} after iteration {done}")
-    log(f"{cfg.algorithm} training (kfp.local): iterations {done + 1}..{cfg.run.iterations}")
-    log(HEADER)
-    if done == 0:
-        log(format_row(storage.read_rows(state.bootstrap["metrics"], kind="metrics")[0]) + "   (initial policy)")
-    for it in range(done + 1, cfg.run.iterations + 1):
-        t0 = time.perf_counter()
-        arguments = driver.iteration_arguments(cfg, state.bootstrap, state.iterations.get(it - 1), it)
-        state.iterations[it] = run_pipeline(iteration_pipeline, arguments, root, f"iter-{it:04d}")
-        state.save()
-        metrics = storage.read_rows(state.iterations[it]["metrics"], kind="metrics")[-1]
-        log(f"{format_row(metrics)}   {time.perf_counter() - t0:5.1f}s")
-        _prune(cfg, state, it)
-    rows = storage.read_rows(state.metrics_uri(), kind="metrics")
-    log(f"done in {time.perf_counter() - t_start:.0f}s: {out_dir}")
-    return rows
+        runner = KfpLocal(cfg, root, RunLayout(out_dir))
+        return loop.run(cfg, out_dir, runner, log=log, bootstrap_from=bootstrap_from)

@@ -1,20 +1,17 @@
 """``ac2 stage``: run one stage on the artifacts of any earlier run, as its component would.
 
-Keys are the stage's ``run()`` keyword names: inputs as written (``--in actor=URI``),
-outputs with or without the ``out_`` prefix (``--out chunks=URI`` = ``--out out_chunks=URI``).
-An input that the stage accepts as None (a grpo run's critic) may be left out.
+Keys are the recipe's names for the stage's inputs and outputs (``ac2_core.stages.recipe``),
+which are its ``run()`` keywords: inputs as written (``--in actor=URI``), outputs with or
+without the ``out_`` prefix (``--out chunks=URI`` = ``--out out_chunks=URI``). An input
+that the stage may take as None (a grpo run's critic) may be left out.
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
-
 from ac2_core import storage
 from ac2_core.config import AC2Config
-from ac2_core.runner.layout import STAGES
-
-_NOT_URIS = {"cfg", "iteration", "store", "progress"}
+from ac2_core.stages import recipe
+from ac2_core.stages.common import StageStats
 
 
 def _pairs(items: list[str], flag: str) -> dict[str, str]:
@@ -30,34 +27,32 @@ def _pairs(items: list[str], flag: str) -> dict[str, str]:
 
 
 def stage_kwargs(name: str, inputs: list[str], outputs: list[str]) -> dict[str, str | None]:
-    """Check the keys against the stage's signature; return its URI keyword arguments."""
-    if name not in STAGES:
-        raise ValueError(f"unknown stage {name!r}; expected one of {', '.join(STAGES)}")
-    params = {
-        p.name: p
-        for p in inspect.signature(importlib.import_module(f"ac2_core.stages.{name}").run).parameters.values()
-        if p.kind is p.KEYWORD_ONLY and p.name not in _NOT_URIS
-    }
+    """Check the keys against the stage's recipe entry; return its URI keyword arguments."""
+    stage = recipe.stage(name)
+    in_keys = [inp.keyword for inp in stage.inputs]
     ins = _pairs(inputs, "--in")
     outs = {k if k.startswith("out_") else f"out_{k}": v for k, v in _pairs(outputs, "--out").items()}
-    kwargs = {**ins, **outs}
-    unknown = sorted(k for k in ins if k not in params or k.startswith("out_")) + sorted(k for k in outs if k not in params)
+    unknown = sorted(k for k in ins if k not in in_keys) + sorted(k for k in outs if k not in stage.out_keywords)
     if unknown:
-        accepted = ", ".join(f"--{'out' if p.startswith('out_') else 'in'} {p.removeprefix('out_')}" for p in params)
+        accepted = ", ".join([*(f"--in {k}" for k in in_keys), *(f"--out {k.removeprefix('out_')}" for k in stage.out_keywords)])
         raise ValueError(f"stage {name}: unknown key(s) {', '.join(unknown)}; it takes {accepted}")
-    optional = {p for p, spec in params.items() if spec.default is None or "None" in str(spec.annotation)}
-    missing = [p for p in params if p not in kwargs and p not in optional]
+    missing = [f"--in {inp.keyword}" for inp in stage.inputs if inp.keyword not in ins and not recipe.optional(stage, inp)]
+    missing += [f"--out {k.removeprefix('out_')}" for k in stage.out_keywords if k not in outs]
     if missing:
-        raise ValueError(
-            f"stage {name}: missing {', '.join(('--out ' + p[4:]) if p.startswith('out_') else ('--in ' + p) for p in missing)}"
-        )
-    return {p: kwargs.get(p) for p in params}
+        raise ValueError(f"stage {name}: missing {', '.join(missing)}")
+    return {k: ins.get(k) for k in in_keys} | {k: outs[k] for k in stage.out_keywords}
 
 
-def run_stage(cfg: AC2Config, name: str, iteration: int, kwargs: dict[str, str | None]) -> dict:
-    """Call ``ac2_core.stages.<name>.run`` exactly as its component does (a fresh model store)."""
-    if iteration < 1:
-        raise ValueError(f"--iteration must be >= 1 (iteration 0 is the bootstrap); found {iteration}")
-    module = importlib.import_module(f"ac2_core.stages.{name}")
+def default_iteration(name: str) -> int:
+    """The iteration ``ac2 stage`` runs a stage as when none is given: 0 for the bootstrap, else 1."""
+    return 0 if name == recipe.BOOTSTRAP_STAGE.name else 1
+
+
+def run_stage(cfg: AC2Config, name: str, iteration: int, kwargs: dict[str, str | None]) -> StageStats:
+    """Call the stage exactly as its component does (through ``recipe.run_stage``, a fresh model store)."""
+    bootstrap = name == recipe.BOOTSTRAP_STAGE.name
+    if not (iteration == 0 if bootstrap else iteration >= 1):
+        expected = "0 (the bootstrap)" if bootstrap else ">= 1 (iteration 0 is the bootstrap)"
+        raise ValueError(f"--iteration for stage {name} must be {expected}; found {iteration}")
     with storage.using(cfg.storage):
-        return module.run(cfg, iteration=iteration, **kwargs)
+        return recipe.run_stage(cfg, name, iteration=iteration, kwargs=kwargs)

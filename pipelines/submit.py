@@ -21,14 +21,12 @@ from pathlib import Path
 
 from ac2_core import storage
 from ac2_core.config import AC2Config
-from ac2_core.runner.inprocess import HEADER, format_row
-from ac2_core.runner.layout import OUTPUTS
+from ac2_core.runner.report import HEADER, format_row
 from pipelines import driver
 from pipelines.compile import PIPELINES, compile_pipeline
 from pipelines.dag import BOOTSTRAP_PIPELINE, ITERATION_PIPELINE
 
 Log = Callable[[str], None]
-BOOTSTRAP_OUTPUTS = driver.BOOTSTRAP_OUTPUTS
 
 
 def run_name(cfg: AC2Config, iteration: int | None) -> str:
@@ -68,23 +66,12 @@ def _run_and_wait(
 def _plan(cfg: AC2Config, experiment: str, pipeline_root: str | None) -> list[dict]:
     """What would be submitted; outputs of earlier runs appear as ``<run name:output>``."""
     shown = dict(experiment=experiment, pipeline_root=pipeline_root, enable_caching=False)
-    boot_name = run_name(cfg, None)
-    bootstrap = {name: f"<{boot_name}:{name}>" for name in BOOTSTRAP_OUTPUTS}
-    runs = [
-        dict(
-            run_name=boot_name,
-            pipeline=BOOTSTRAP_PIPELINE,
-            **shown,
-            arguments={"config_json": f"<config {cfg.config_hash()[:12]}>"},
-        )
-    ]
-    previous = None
+    config = f"<config {cfg.config_hash()[:12]}>"
+    runs = [dict(run_name=run_name(cfg, None), pipeline=BOOTSTRAP_PIPELINE, **shown, arguments={"config_json": config})]
+    placeholder = lambda k, name: f"<{run_name(cfg, k or None)}:{name}>"  # noqa: E731
     for it in range(1, cfg.run.iterations + 1):
-        arguments = driver.iteration_arguments(cfg, bootstrap, previous, it)
-        arguments["config_json"] = f"<config {cfg.config_hash()[:12]}>"
+        arguments = {**driver.pipeline_arguments(cfg, it, placeholder), "config_json": config}
         runs.append(dict(run_name=run_name(cfg, it), pipeline=ITERATION_PIPELINE, **shown, arguments=arguments))
-        names = [n for outs in OUTPUTS.values() for n in outs if n != "critic" or cfg.uses_critic]
-        previous = {n: f"<{run_name(cfg, it)}:{n}>" for n in names}
     return runs
 
 
@@ -141,15 +128,14 @@ def _submit(
     wait = dict(experiment=experiment, pipeline_root=pipeline_root, timeout_s=timeout_s, poll_s=poll_s)
     t0 = time.perf_counter()
     boot = _run_and_wait(client, packages["bootstrap"], run_name(cfg, None), {"config_json": cfg.to_json()}, **wait)
-    bootstrap = cluster_outputs(boot, pipeline_root, BOOTSTRAP_PIPELINE)
+    published = {0: cluster_outputs(boot, pipeline_root, BOOTSTRAP_PIPELINE)}  # iteration -> artifact -> URI
     log(f"bootstrap: {time.perf_counter() - t0:.1f}s ({boot.run_id})")
     log(HEADER)
-    previous = None
     for it in range(1, cfg.run.iterations + 1):
         t0 = time.perf_counter()
-        arguments = driver.iteration_arguments(cfg, bootstrap, previous, it)
+        arguments = driver.pipeline_arguments(cfg, it, lambda k, name: published[k][name])
         finished = _run_and_wait(client, packages["iteration"], run_name(cfg, it), arguments, **wait)
-        previous = cluster_outputs(finished, pipeline_root, ITERATION_PIPELINE)
-        metrics = storage.read_rows(previous["metrics"], kind="metrics")
+        published[it] = cluster_outputs(finished, pipeline_root, ITERATION_PIPELINE)
+        metrics = storage.read_rows(published[it]["metrics"], kind="metrics")
         log(f"{format_row(metrics[-1])}   {time.perf_counter() - t0:5.1f}s")
     return metrics

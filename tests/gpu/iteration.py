@@ -29,8 +29,9 @@ import torch
 from ac2_core.config import AC2Config, load_config
 from ac2_core.models.device import device_of
 from ac2_core.models.store import ModelStore
-from ac2_core.runner import inprocess
+from ac2_core.runner import inprocess, loop
 from ac2_core.runner.layout import RunLayout
+from ac2_core.stages.recipe import ITERATION_STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 TOY = ROOT / "pipelines" / "configs" / "toy.yaml"
@@ -61,7 +62,7 @@ GPU_RUN = {
     # (0.5 from its zero head) every chunk gets A = -0.5, and the actor takes a real step.
     "advantage.baseline": "critic",
 }
-STAGES = ("sample_prefixes", "generate_chunks", "score_chunks", "check_readiness", "update_actor", "update_critic", "evaluate")
+STAGES = ITERATION_STAGES
 
 
 def backends() -> list[str]:
@@ -89,16 +90,17 @@ def measure(base: dict, out_dir: Path, training_backends: list[str]) -> list[dic
 
 def _one_iteration(cfg: AC2Config, run_root: Path, bootstrap_root: Path) -> dict:
     layout = RunLayout(str(run_root))
-    inprocess.adopt_bootstrap(cfg, layout, str(bootstrap_root))
+    loop.adopt_bootstrap(cfg, layout, str(bootstrap_root))
     store = ModelStore(cfg, keep_in_memory=True)
     # loaded (and moved to the device) before the clock starts: the stages' seconds are their work
     store.load(layout.bootstrap("actor"), kind="actor")
     store.load(layout.bootstrap("critic"), kind="critic")
     _synchronize(store.device)
-    results = inprocess.run_iteration(cfg, layout, 1, store)
+    stats = inprocess.run_iteration(cfg, layout, 1, store)
     actor = store.load(layout.output(1, "actor"), kind="actor").model  # from memory: the trained model itself
     critic = store.load(layout.output(1, "critic"), kind="critic").model
-    seconds = results.pop("seconds")
+    seconds = stats.pop("seconds")
+    results = {stage: s.as_dict() for stage, s in stats.items()}
     gen = results["generate_chunks"]
     return {
         "backend": cfg.training.backend + (f" (ZeRO-{cfg.training.zero_stage})" if cfg.training.backend == "deepspeed" else ""),

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ac2_core.runner.layout import RunLayout
 from pipelines import local
-from pipelines.driver import RunState
 from tests.conftest import tiny_config
 
 
@@ -30,6 +30,7 @@ def kfp_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def kfp_state(kfp_run) -> RunState:
+def kfp_layout(kfp_run) -> RunLayout:
+    """The kfp run's folder: its artifacts at their names (the inprocess runner's layout)."""
     _, out, _, _ = kfp_run
-    return RunState.load(out / "kfp" / "runs.json")
+    return RunLayout(str(out))

@@ -117,13 +117,13 @@ def test_artifact_types_and_no_pip_installs(tmp_path):
         k: v["artifactType"]["schemaTitle"]
         for k, v in boot["components"]["comp-bootstrap"]["outputDefinitions"]["artifacts"].items()
     } == {
-        "problems": "system.Dataset",
-        "actor": "system.Model",
-        "critic": "system.Model",
-        "replay": "system.Dataset",
-        "scored_chunks": "system.Dataset",
-        "readiness": "system.Dataset",
-        "metrics": "system.Dataset",
+        "out_problems": "system.Dataset",
+        "out_actor": "system.Model",
+        "out_critic": "system.Model",
+        "out_replay": "system.Dataset",
+        "out_scored_chunks": "system.Dataset",
+        "out_readiness": "system.Dataset",
+        "out_metrics": "system.Dataset",
     }
 
 

@@ -17,42 +17,59 @@ from kfp.local.logging_utils import indented_print
 
 import ac2_core
 from ac2_core import storage
-from ac2_core.models.store import ModelStore
-from ac2_core.runner import inprocess
-from ac2_core.runner.layout import OUTPUTS, RunLayout
+from ac2_core.runner import inprocess, report
+from ac2_core.runner.layout import RunLayout
 from pipelines import local
 from pipelines.cli import main
-from pipelines.driver import RunState
 from tests.conftest import tiny_config
 from tests.pipeline.conftest import config_file
 
-BOOTSTRAP_OUTPUTS = {"problems", "actor", "critic", "replay", "scored_chunks", "readiness", "metrics"}
-ITERATION_OUTPUTS = {name for outs in OUTPUTS.values() for name in outs}
+BOOTSTRAP_OUTPUTS = ("problems", "actor", "critic", "replay", "scored_chunks", "readiness", "metrics")
+ITERATION_OUTPUTS = {
+    "sample_prefixes": ("replay", "prefixes"),
+    "generate_chunks": ("chunks",),
+    "score_chunks": ("scored_chunks", "critic_pairs"),
+    "check_readiness": ("readiness", "advantages"),
+    "update_actor": ("actor",),
+    "update_critic": ("critic",),
+    "evaluate": ("metrics",),
+}
 
 
-def test_ac2_runs_two_chained_iterations(kfp_run, kfp_state):
+def kfp_run_dir(out: Path, label: str) -> Path:
+    """The kfp.local pipeline run that wrote ``label`` (bootstrap, iter-0001, ...) of a kfp run folder."""
+    return out / "kfp" / json.loads((out / "kfp" / "runs.json").read_text())["runs"][label]
+
+
+def test_ac2_runs_two_chained_iterations(kfp_run, kfp_layout):
     cfg, out, rows, lines = kfp_run
     assert [r["iteration"] for r in rows if r["iteration"] > 0] == [1, 2]
-    assert set(kfp_state.bootstrap) == BOOTSTRAP_OUTPUTS
-    assert set(kfp_state.iterations) == {1, 2}
-    assert all(set(kfp_state.iterations[it]) == ITERATION_OUTPUTS for it in (1, 2))
-    assert rows == storage.read_rows(kfp_state.iterations[2]["metrics"], kind="metrics")
+    # every artifact at its name in the run folder (the inprocess runner's layout), none left under kfp/
+    assert all(storage.exists(str(out / "bootstrap" / name)) for name in BOOTSTRAP_OUTPUTS)
+    for it in (1, 2):
+        for stage, names in ITERATION_OUTPUTS.items():
+            for name in names:
+                assert storage.read_manifest(str(out / f"iter-{it:04d}" / stage / name)).stage == stage
+    assert storage.find_artifacts(str(out / "kfp")) == []
+    assert rows == storage.read_rows(kfp_layout.output(2, "metrics"), kind="metrics")
     # each iteration's progress line is the inprocess runner's row format
-    assert lines.count(inprocess.HEADER) == 1
-    assert sum(line.startswith(inprocess.format_row(r)) for line in lines for r in rows if r["iteration"] > 0) == 2
-    # iteration 2 imported exactly what iteration 1 published (lineage through dsl.importer)
-    run_dir = Path(kfp_state.iterations[2]["actor"]).parents[1]
-    consumed = json.loads((run_dir / "update-actor" / "executor_output.json").read_text())
-    assert consumed["artifacts"]["out_actor"]["artifacts"][0]["metadata"]["policy_version"] == 2
-    assert storage.read_manifest(kfp_state.iterations[2]["actor"]).stage == "update_actor"
-    # outputs carry their manifest and the stage's figures in their KFP metadata
+    assert lines.count(report.HEADER) == 1
+    assert sum(line.startswith(report.format_row(r)) for line in lines for r in rows if r["iteration"] > 0) == 2
+    # iteration 2's tasks wrote what is in the run folder now, and carry its manifest and figures as KFP metadata
+    run_dir = kfp_run_dir(out, "iter-0002")
+    written = json.loads((run_dir / "update-actor" / "executor_output.json").read_text())
+    actor = written["artifacts"]["out_actor"]["artifacts"][0]["metadata"]
+    assert actor["policy_version"] == 2 and actor["content_hash"] == storage.content_hash(kfp_layout.output(2, "actor"))
+    assert storage.read_manifest(kfp_layout.output(2, "actor")).stage == "update_actor"
     meta = json.loads((run_dir / "score-chunks" / "executor_output.json").read_text())["artifacts"]["out_scored_chunks"][
         "artifacts"
     ][0]["metadata"]
-    assert meta["content_hash"] == storage.content_hash(kfp_state.iterations[2]["scored_chunks"])
+    assert meta["content_hash"] == storage.content_hash(kfp_layout.output(2, "scored_chunks"))
     assert meta["rows"] == meta["chunks"] > 0
-    report = (run_dir / "evaluate" / "report").read_text()
-    assert report.splitlines()[-1].startswith("validation score:")
+    # iteration 2 imported what iteration 1 left in the run folder (lineage through dsl.importer)
+    assert str(kfp_layout.output(1, "actor")) in (out / "kfp" / "logs" / "iter-0002.log").read_text()
+    table = (run_dir / "evaluate" / "report").read_text()
+    assert table.splitlines()[-1].startswith("validation score:")
     figures = json.loads((run_dir / "evaluate" / "executor_output.json").read_text())["artifacts"]["figures"]["artifacts"][0][
         "metadata"
     ]
@@ -62,7 +79,7 @@ def test_ac2_runs_two_chained_iterations(kfp_run, kfp_state):
     assert not any("in the task's own process" in f.read_text() for f in (out / "kfp" / "logs").glob("iter-*.log"))
 
 
-def test_finished_run_is_resumed_not_repeated(kfp_run, kfp_state):
+def test_finished_run_is_resumed_not_repeated(kfp_run):
     cfg, out, rows, _ = kfp_run
     before = sorted(p.name for p in (out / "kfp").iterdir())
     lines: list[str] = []
@@ -71,7 +88,7 @@ def test_finished_run_is_resumed_not_repeated(kfp_run, kfp_state):
     assert any(line.startswith(f"resuming {out} after iteration 2") for line in lines)
 
 
-def test_grpo_runs_without_the_critic_branch(kfp_run, kfp_state, tmp_path):
+def test_grpo_runs_without_the_critic_branch(kfp_run, kfp_layout, tmp_path):
     _, ac2_dir, _, _ = kfp_run
     cfg = tiny_config(algorithm="grpo", run__iterations=1)
     lines: list[str] = []
@@ -80,40 +97,49 @@ def test_grpo_runs_without_the_critic_branch(kfp_run, kfp_state, tmp_path):
     assert not (tmp_path / "grpo" / "kfp" / "logs" / "taskhost.log").exists()
     assert f"bootstrap adopted from {ac2_dir}" in lines  # same model, task and seed: the AC2 run's bootstrap
     assert rows[-1]["iteration"] == 1 and rows[-1]["critic_error"] is None
-    state = RunState.load(tmp_path / "grpo" / "kfp" / "runs.json")
-    assert state.bootstrap == kfp_state.bootstrap
-    assert set(state.iterations[1]) == ITERATION_OUTPUTS - {"critic"}
-    run_dir = Path(state.iterations[1]["actor"]).parents[1]
-    assert not (run_dir / "update-critic").exists()
+    grpo = RunLayout(str(tmp_path / "grpo"))
+    for name in BOOTSTRAP_OUTPUTS:
+        assert storage.content_hash(grpo.bootstrap(name)) == storage.content_hash(kfp_layout.bootstrap(name)), name
+    for stage, names in ITERATION_OUTPUTS.items():
+        assert all(storage.exists(grpo.output(1, name)) for name in names) == (stage != "update_critic"), stage
+    assert not (kfp_run_dir(tmp_path / "grpo", "iter-0001") / "update-critic").exists()
 
 
 @pytest.mark.parametrize(
     "stage, inputs, output",
     [
-        ("generate_chunks", {"problems": "b:problems", "prefixes": "2:prefixes", "actor": "1:actor"}, "chunks"),
+        (
+            "generate_chunks",
+            {
+                "problems": "bootstrap/problems",
+                "prefixes": "iter-0002/sample_prefixes/prefixes",
+                "actor": "iter-0001/update_actor/actor",
+            },
+            "iter-0002/generate_chunks/chunks",
+        ),
         (
             "update_critic",
             {
-                "problems": "b:problems",
-                "replay": "2:replay",
-                "critic": "1:critic",
-                "critic_pairs": "2:critic_pairs",
-                "scored_chunks": "2:scored_chunks",
+                "problems": "bootstrap/problems",
+                "replay": "iter-0002/sample_prefixes/replay",
+                "critic": "iter-0001/update_critic/critic",
+                "critic_pairs": "iter-0002/score_chunks/critic_pairs",
+                "scored_chunks": "iter-0002/score_chunks/scored_chunks",
             },
-            "critic",
+            "iter-0002/update_critic/critic",
         ),
     ],
 )
-def test_stage_rerun_reproduces_the_pipeline_output(kfp_run, kfp_state, tmp_path, stage, inputs, output):
-    cfg, _, _, _ = kfp_run
-    uri = lambda ref: (kfp_state.bootstrap if ref[0] == "b" else kfp_state.iterations[int(ref[0])])[ref[2:]]  # noqa: E731
+def test_stage_rerun_reproduces_the_pipeline_output(kfp_run, tmp_path, stage, inputs, output):
+    cfg, out, _, _ = kfp_run
     argv = ["stage", stage, "--config", str(config_file(cfg, tmp_path)), "--iteration", "2"]
-    for key, ref in inputs.items():
-        argv += ["--in", f"{key}={uri(ref)}"]
-    argv += ["--out", f"{output}={tmp_path / output}"]
-    (tmp_path / output).mkdir()  # as a cluster's launcher may: the stage's atomic publish replaces it
+    for key, path in inputs.items():  # the run folder's names, as the README's example uses them
+        argv += ["--in", f"{key}={out / path}"]
+    name = output.rsplit("/", 1)[1]
+    argv += ["--out", f"{name}={tmp_path / name}"]
+    (tmp_path / name).mkdir()  # as a cluster's launcher may: the stage's atomic publish replaces it
     assert main(argv) == 0
-    assert storage.content_hash(str(tmp_path / output)) == storage.content_hash(kfp_state.iterations[2][output])
+    assert storage.content_hash(str(tmp_path / name)) == storage.content_hash(str(out / output))
 
 
 def test_stage_command_names_bad_keys(kfp_run, tmp_path, capsys):
@@ -125,17 +151,36 @@ def test_stage_command_names_bad_keys(kfp_run, tmp_path, capsys):
     assert "missing --in problems" in capsys.readouterr().err
 
 
-def test_kfp_and_inprocess_runners_write_identical_artifacts(kfp_run, kfp_state, tmp_path):
-    cfg, _, _, _ = kfp_run
+def test_an_inprocess_run_adopts_a_kfp_run_folder_and_ac2_stage_reruns_its_stages(kfp_run, kfp_layout, tmp_path, capsys):
+    cfg, out, _, _ = kfp_run
+    config = str(config_file(cfg, tmp_path))
+    # the inprocess runner starts from the kfp run's bootstrap and writes the same first iteration
+    ip = tmp_path / "inprocess"
+    argv = ["run", "--config", config, "--runner", "inprocess", "--iterations", "1", "--out", str(ip)]
+    assert main([*argv, "--bootstrap-from", str(out)]) == 0
+    assert f"bootstrap adopted from {out}" in capsys.readouterr().out
+    for stage, names in ITERATION_OUTPUTS.items():
+        for name in names:
+            uri = f"{ip}/iter-0001/{stage}/{name}"
+            assert storage.content_hash(uri) == storage.content_hash(kfp_layout.output(1, name)), uri
+    # the README's `ac2 stage` example, on the kfp run folder
+    argv = ["stage", "check_readiness", "--config", config, "--iteration", "2"]
+    argv += ["--in", f"readiness={out}/iter-0001/check_readiness/readiness"]
+    argv += ["--in", f"critic_pairs={out}/iter-0002/score_chunks/critic_pairs"]
+    argv += ["--in", f"scored_chunks={out}/iter-0002/score_chunks/scored_chunks"]
+    argv += ["--out", f"readiness={tmp_path}/readiness", "--out", f"advantages={tmp_path}/advantages"]
+    assert main(argv) == 0
+    for name in ("readiness", "advantages"):
+        assert storage.content_hash(f"{tmp_path}/{name}") == storage.content_hash(kfp_layout.output(2, name))
+    assert main(["report", str(ip)]) == 0  # the report reads either runner's run folder
+    assert (ip / "report.md").read_text().count("\n| 1 |") == 1
+
+
+def test_both_runners_write_the_same_bootstrap(kfp_layout, tmp_path):
     layout = RunLayout(str(tmp_path / "inprocess"))
-    inprocess.run_bootstrap(cfg, layout, log=lambda _: None)
-    inprocess.run_iteration(cfg, layout, 1, ModelStore(cfg, keep_in_memory=True))
-    for name, uri in kfp_state.bootstrap.items():
-        assert storage.content_hash(uri) == storage.content_hash(layout.bootstrap(name)), f"bootstrap {name}"
-    for name, uri in kfp_state.iterations[1].items():
-        assert storage.content_hash(uri) == storage.content_hash(layout.output(1, name)), f"iteration 1 {name}"
-    assert main(["report", layout.root]) == 0  # the report reads either runner's run folder
-    assert (Path(layout.root) / "report.md").read_text().count("\n| 1 |") == 1
+    inprocess.run_bootstrap(tiny_config(), layout, log=lambda _: None)
+    for name in BOOTSTRAP_OUTPUTS:
+        assert storage.content_hash(kfp_layout.bootstrap(name)) == storage.content_hash(layout.bootstrap(name)), name
 
 
 def test_report_writes_curve_and_table(kfp_run):
@@ -146,14 +191,41 @@ def test_report_writes_curve_and_table(kfp_run):
     assert sum(line.startswith("| ") and line[2].isdigit() for line in table.splitlines()) == len(rows)
 
 
-def test_a_failed_task_is_one_line_naming_the_artifact(kfp_run, kfp_state, tmp_path, capsys):
+def test_a_run_folder_of_the_older_kfp_layout_is_moved_into_the_shared_one(kfp_run, kfp_layout, tmp_path):
+    # before both runners shared one layout, kfp/runs.json named each artifact by its URI under
+    # kfp.local's own folders (and an adopted bootstrap where its run had put it)
     cfg, _, _, _ = kfp_run
+    old = tmp_path / "old"
+    iterations = {}
+    for it in (1, 2):
+        iterations[str(it)] = {}
+        for stage, names in ITERATION_OUTPUTS.items():
+            for name in names:
+                uri = old / "kfp" / f"ac2-iteration-{it}" / stage.replace("_", "-") / f"out_{name}"
+                shutil.copytree(kfp_layout.output(it, name), uri)
+                iterations[str(it)][name] = str(uri)
+    bootstrap = {name: kfp_layout.bootstrap(name) for name in BOOTSTRAP_OUTPUTS}  # another run's
+    body = {"algorithm": cfg.algorithm, "bootstrap": bootstrap, "iterations": iterations}
+    (old / "kfp" / "runs.json").write_text(json.dumps(body))
+    layout = RunLayout(str(old))
+    record = local.KfpRuns.load(old / "kfp" / "runs.json", cfg, layout)
+    assert record.runs == {"iter-0001": "ac2-iteration-1", "iter-0002": "ac2-iteration-2"}
+    assert layout.has_bootstrap() and layout.completed_iterations() == 2
+    assert storage.find_artifacts(str(old / "kfp")) == []  # moved out of kfp/
+    assert all(storage.exists(uri) for uri in bootstrap.values())  # the other run's bootstrap stays where it was
+    for it in (1, 2):
+        for names in ITERATION_OUTPUTS.values():
+            for name in names:
+                assert storage.content_hash(layout.output(it, name)) == storage.content_hash(kfp_layout.output(it, name))
+    assert "iterations" not in json.loads((old / "kfp" / "runs.json").read_text())
+
+
+def test_a_failed_task_is_one_line_naming_the_artifact(kfp_run, tmp_path, capsys):
+    cfg, out, _, _ = kfp_run
     # a run folder whose bootstrap problem set was altered after it was published
-    bad = tmp_path / "problems"
-    shutil.copytree(kfp_state.bootstrap["problems"], bad)
+    shutil.copytree(out / "bootstrap", tmp_path / "run" / "bootstrap")
+    bad = tmp_path / "run" / "bootstrap" / "problems"
     (bad / "data.parquet").write_bytes(b"not the published bytes")
-    state = RunState(tmp_path / "run" / "kfp" / "runs.json", cfg.algorithm, {**kfp_state.bootstrap, "problems": str(bad)})
-    state.save()
     assert main(["run", "--config", str(config_file(cfg, tmp_path)), "--out", str(tmp_path / "run"), "--iterations", "1"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("ac2: iter-0001: ArtifactError: ") and "\n" not in err

@@ -17,7 +17,9 @@ from urllib.parse import urlparse
 
 import pytest
 
+from ac2_core.runner import inprocess
 from pipelines.cli import main
+from tests.conftest import tiny_config
 from tests.pipeline.conftest import config_file
 
 SECRETS = {
@@ -30,8 +32,8 @@ SECRETS = {
 class FakeKFP:
     """The API server and the launcher of a pretend cluster."""
 
-    def __init__(self, pipeline_root: Path, state, *, fail_run: int | None = None):
-        self.root, self.state, self.fail_run = pipeline_root, state, fail_run
+    def __init__(self, pipeline_root: Path, layout, *, fail_run: int | None = None):
+        self.root, self.layout, self.fail_run = pipeline_root, layout, fail_run
         self.requests: list[tuple[str, str, dict | None]] = []
         self.runs: dict[str, dict] = {}
         self.experiments: list[dict] = []
@@ -85,10 +87,9 @@ class FakeKFP:
         pipeline = body["pipeline_spec"]["pipelineInfo"]["name"]
         ok = n != self.fail_run
         if ok:  # the launcher's output layout, with a salt level as in KFP >= 2.4
-            sources = self.state.bootstrap if n == 0 else self.state.iterations[min(n, max(self.state.iterations))]
-            for name, uri in sources.items():
-                out = name if n == 0 else f"out_{name}"
-                shutil.copytree(uri, self.root / pipeline / run_id / f"task-{name}" / "salt-9" / out)
+            calls = inprocess.stage_calls(tiny_config(), self.layout, min(n, 2))  # n = 0: the bootstrap
+            for name, uri in (o for c in calls for o in c.outputs.items()):
+                shutil.copytree(uri, self.root / pipeline / run_id / f"task-{name}" / "salt-9" / f"out_{name}")
         details = [{"display_name": "update_actor", "state": "SUCCEEDED" if ok else "FAILED"}]
         self.runs[run_id] = {
             "run_id": run_id,
@@ -117,7 +118,7 @@ def secrets_in_env(monkeypatch):
         monkeypatch.setenv(key, value)
 
 
-def test_submit_chains_runs_through_the_api(kfp_run, kfp_state, tmp_path, secrets_in_env, capsys):
+def test_submit_chains_runs_through_the_api(kfp_run, kfp_layout, tmp_path, secrets_in_env, capsys):
     cfg, _, _, _ = kfp_run
     root = tmp_path / "pipeline-root"
     argv = [
@@ -131,7 +132,7 @@ def test_submit_chains_runs_through_the_api(kfp_run, kfp_state, tmp_path, secret
         "--timeout",
         "60",
     ]
-    with FakeKFP(root, kfp_state) as fake:
+    with FakeKFP(root, kfp_layout) as fake:
         assert main([*argv[:1], "--host", fake.url, *argv[1:]]) == 0
     runs = fake.created_runs()
     assert [r["display_name"] for r in runs] == [
@@ -147,15 +148,15 @@ def test_submit_chains_runs_through_the_api(kfp_run, kfp_state, tmp_path, secret
     assert all(p["config_json"] == cfg.to_json() for p in params)
     assert [p.get("iteration") for p in params] == [None, 1, 2]
     # each run imports what the run before it published, found under the pipeline root
-    published = lambda n, name, out: str(
-        root / ("ac2-bootstrap" if n == 0 else "ac2-iteration") / f"run-{n}" / f"task-{name}" / "salt-9" / out
+    published = lambda n, name: str(
+        root / ("ac2-bootstrap" if n == 0 else "ac2-iteration") / f"run-{n}" / f"task-{name}" / "salt-9" / f"out_{name}"
     )  # noqa: E731
-    assert params[1]["actor_uri"] == published(0, "actor", "actor")
-    assert params[1]["critic_uri"] == published(0, "critic", "critic")
-    assert params[2]["actor_uri"] == published(1, "actor", "out_actor")
-    assert params[2]["metrics_uri"] == published(1, "metrics", "out_metrics")
-    assert params[2]["problems_uri"] == published(0, "problems", "problems")
-    assert params[2]["reference_uri"] == published(0, "actor", "actor")
+    assert params[1]["actor_uri"] == published(0, "actor")
+    assert params[1]["critic_uri"] == published(0, "critic")
+    assert params[2]["actor_uri"] == published(1, "actor")
+    assert params[2]["metrics_uri"] == published(1, "metrics")
+    assert params[2]["problems_uri"] == published(0, "problems")
+    assert params[2]["reference_uri"] == published(0, "actor")
     # caching is off for every task, and no credential reaches the cluster
     for r in runs:
         assert all(
@@ -168,10 +169,10 @@ def test_submit_chains_runs_through_the_api(kfp_run, kfp_state, tmp_path, secret
     assert not any(key in sent for key in SECRETS)
 
 
-def test_submit_reports_a_failed_run_in_one_line(kfp_run, kfp_state, tmp_path, capsys):
+def test_submit_reports_a_failed_run_in_one_line(kfp_run, kfp_layout, tmp_path, capsys):
     cfg, _, _, _ = kfp_run
     root = tmp_path / "pipeline-root"
-    with FakeKFP(root, kfp_state, fail_run=1) as fake:
+    with FakeKFP(root, kfp_layout, fail_run=1) as fake:
         rc = main(
             [
                 "submit",
@@ -192,8 +193,6 @@ def test_submit_reports_a_failed_run_in_one_line(kfp_run, kfp_state, tmp_path, c
 
 
 def test_dry_run_sends_nothing(tmp_path, capsys):
-    from tests.conftest import tiny_config
-
     cfg = tiny_config(algorithm="grpo")
     with FakeKFP(tmp_path, None) as fake:
         assert main(["submit", "--host", fake.url, "--config", str(config_file(cfg, tmp_path)), "--dry-run"]) == 0

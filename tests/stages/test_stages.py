@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pyarrow as pa
@@ -12,10 +13,11 @@ import torch
 from ac2_core import storage
 from ac2_core.models.store import ModelStore
 from ac2_core.runner import inprocess
-from ac2_core.runner.layout import OUTPUTS, RunLayout
+from ac2_core.runner.layout import RunLayout
 from ac2_core.schemas import TABLES
 from ac2_core.stages import sample_prefixes
 from ac2_core.stages.common import Problems, prompt_ids
+from ac2_core.stages.recipe import ITERATION
 from ac2_core.stages.update_actor import token_logprobs
 from ac2_core.tasks import arith
 from tests.conftest import tiny_config
@@ -24,10 +26,11 @@ from tests.conftest import tiny_config
 def run_stages(cfg, layout, it, *, store=None, out_root=None):
     """Run one iteration stage by stage; optionally redirect every output under out_root."""
     results = {}
-    for name, fn, kwargs in inprocess.stage_calls(cfg, layout, it):
+    for call in inprocess.stage_calls(cfg, layout, it):
         if out_root is not None:
-            kwargs = {k: (str(out_root / name / k) if k.startswith("out_") else v) for k, v in kwargs.items()}
-        results[name] = inprocess.call_stage(cfg, fn, it, kwargs, store)
+            kwargs = {k: (str(out_root / call.stage / k) if k.startswith("out_") else v) for k, v in call.kwargs.items()}
+            call = dataclasses.replace(call, kwargs=kwargs)
+        results[call.stage] = call.run(cfg, store=store)
     return results
 
 
@@ -39,12 +42,12 @@ def test_each_stage_reads_what_the_previous_wrote(run_dir, tiny_cfg):
     layout = RunLayout(str(run_dir))
     for it in (1, 2):
         run_stages(tiny_cfg, layout, it)
-        for stage, names in OUTPUTS.items():
-            for name in names:
+        for stage in ITERATION:
+            for name in stage.outputs:
                 if name in TABLES:  # read back through the declared schema and manifest
                     storage.read_table(layout.output(it, name), kind=name)
                 else:
-                    assert storage.read_manifest(layout.output(it, name)).stage == stage
+                    assert storage.read_manifest(layout.output(it, name)).stage == stage.name
         prefixes = rows(layout, it, "prefixes")
         chunks = rows(layout, it, "chunks")
         scored = rows(layout, it, "scored_chunks")
@@ -97,10 +100,10 @@ def test_rerun_with_same_inputs_gives_identical_outputs(run_dir, tiny_cfg, tmp_p
     run_stages(tiny_cfg, layout, 2)
     rerun = tmp_path / "rerun"
     run_stages(tiny_cfg, layout, 2, out_root=rerun)
-    for name, _, kwargs in inprocess.stage_calls(tiny_cfg, layout, 2):
-        for key, uri in kwargs.items():
+    for call in inprocess.stage_calls(tiny_cfg, layout, 2):
+        for key, uri in call.kwargs.items():
             if key.startswith("out_"):
-                assert storage.content_hash(str(rerun / name / key)) == storage.content_hash(uri), f"{name}.{key}"
+                assert storage.content_hash(str(rerun / call.stage / key)) == storage.content_hash(uri), f"{call.stage}.{key}"
 
 
 @pytest.mark.parametrize("algorithm", ["ac2", "grpo"])
@@ -162,22 +165,21 @@ def test_empty_problem_set_is_refused_and_writes_nothing(run_dir, tiny_cfg, tmp_
 def test_nan_reward_from_grader_is_refused_and_writes_nothing(run_dir, tiny_cfg, monkeypatch):
     layout = RunLayout(str(run_dir))
     calls = inprocess.stage_calls(tiny_cfg, layout, 1)
-    for _, fn, kwargs in calls[:2]:
-        fn(tiny_cfg, iteration=1, **kwargs)
+    for call in calls[:2]:
+        call.run(tiny_cfg)
     monkeypatch.setattr(arith, "grade", lambda answer, response: math.nan)
-    _, fn, kwargs = calls[2]
     with pytest.raises(ValueError, match=r"grader 'arith' returned nan for chunk .* rewards must be finite"):
-        fn(tiny_cfg, iteration=1, **kwargs)
-    assert not storage.exists(kwargs["out_scored_chunks"])
-    assert not storage.exists(kwargs["out_critic_pairs"])
+        calls[2].run(tiny_cfg)
+    assert not storage.exists(calls[2].kwargs["out_scored_chunks"])
+    assert not storage.exists(calls[2].kwargs["out_critic_pairs"])
 
 
 @pytest.mark.parametrize("damage", ["drop_column", "wrong_type"])
 def test_stage_refuses_a_malformed_chunks_table(run_dir, tiny_cfg, tmp_path, damage):
     layout = RunLayout(str(run_dir))
     calls = inprocess.stage_calls(tiny_cfg, layout, 1)
-    for _, fn, kwargs in calls[:2]:
-        fn(tiny_cfg, iteration=1, **kwargs)
+    for call in calls[:2]:
+        call.run(tiny_cfg)
     chunks_uri = layout.output(1, "chunks")
     table = storage.read_table(chunks_uri, kind="chunks")
     if damage == "drop_column":
@@ -198,10 +200,9 @@ def test_stage_refuses_a_malformed_chunks_table(run_dir, tiny_cfg, tmp_path, dam
         manifest.files[storage.DATA]["sha256"] = hashlib.sha256(f.read()).hexdigest()
     with open(storage.join(chunks_uri, storage.MANIFEST), "w") as f:
         f.write(manifest.to_json())
-    _, fn, kwargs = calls[2]
     with pytest.raises(storage.ArtifactError, match=expected):
-        fn(tiny_cfg, iteration=1, **kwargs)
-    assert not storage.exists(kwargs["out_scored_chunks"])
+        calls[2].run(tiny_cfg)
+    assert not storage.exists(calls[2].kwargs["out_scored_chunks"])
 
 
 # ------------------------------------------------------------ benchmark switches
@@ -225,7 +226,7 @@ def test_skip_solved_groups_leaves_out_problems_solved_in_their_last_groups(run_
     replay += [traj(once, 2, k, 1.0) for k in range(2)]  # one solved group: not yet skipped
     replay += [traj(failed, it, k, 1.0 if it == 2 else float(k)) for it in (1, 2) for k in range(2)]
     write(cfg, "test", str(tmp_path / "replay"), replay, "replay")
-    kwargs = inprocess.stage_calls(cfg, layout, 3)[0][2] | {
+    kwargs = inprocess.stage_calls(cfg, layout, 3)[0].kwargs | {
         "replay": str(tmp_path / "replay"),
         "scored_chunks": layout.bootstrap("scored_chunks"),
         "readiness": layout.bootstrap("readiness"),
@@ -233,7 +234,7 @@ def test_skip_solved_groups_leaves_out_problems_solved_in_their_last_groups(run_
     }
     result = sample_prefixes.run(cfg, iteration=3, **kwargs)
     chosen = {p["problem_id"] for p in rows(layout, 3, "prefixes")}
-    assert result["skipped_solved"] == 1
+    assert result.skipped_solved == 1
     assert chosen == set(train) - {solved}
 
     # the same replay without the switch draws every problem

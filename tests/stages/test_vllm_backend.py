@@ -7,6 +7,7 @@ keeps it and only swaps weights between checkpoints. Skipped when vLLM is not in
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import shutil
@@ -284,19 +285,18 @@ def test_critic_values_on_the_vllm_pooling_engine_match_the_batched_forward(vcfg
 
 def test_score_chunks_on_vllm_matches_hf(vcfg, tiny_cfg, run_dir):
     layout = RunLayout(str(run_dir))
-    calls = {name: (fn, kwargs) for name, fn, kwargs in inprocess.stage_calls(tiny_cfg, layout, 1)}
+    calls = {call.stage: call for call in inprocess.stage_calls(tiny_cfg, layout, 1)}
     for name in ("sample_prefixes", "generate_chunks"):
-        fn, kwargs = calls[name]
-        inprocess.call_stage(tiny_cfg, fn, 1, kwargs)
+        calls[name].run(tiny_cfg)
     critic, tok = _critic_with_a_head(Path(layout.bootstrap("critic")), run_dir / "critic-folder", seed=3)
     critic_uri = str(run_dir / "critic-random-head")
     ModelStore(tiny_cfg).save(critic_uri, Checkpoint("critic", critic, tok, version=0), stage="test")
-    fn, kwargs = calls["score_chunks"]
+    score = calls["score_chunks"]
     tables = {}
     for backend in ("hf", "vllm"):
         cfg = vcfg.model_copy(update={"critic": vcfg.critic.model_copy(update={"scoring_backend": backend})})
         outs = {k: str(run_dir / backend / k) for k in ("out_scored_chunks", "out_critic_pairs")}
-        fn(cfg, iteration=1, **{**kwargs, "critic": critic_uri, **outs})
+        dataclasses.replace(score, kwargs={**score.kwargs, "critic": critic_uri, **outs}).run(cfg)
         tables[backend] = {k: storage.read_rows(v, kind=k.removeprefix("out_")) for k, v in outs.items()}
     for name, hf_rows in tables["hf"].items():
         vllm_rows = tables["vllm"][name]

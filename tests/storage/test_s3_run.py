@@ -7,14 +7,16 @@ fresh ModelStore that downloads the checkpoints from S3, and must publish the sa
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 
 import pytest
 import yaml
 
 from ac2_core import storage
-from ac2_core.runner import inprocess
-from ac2_core.runner.layout import OUTPUTS, RunLayout
+from ac2_core.runner import inprocess, loop
+from ac2_core.runner.layout import RunLayout
+from ac2_core.stages.recipe import ITERATION
 from pipelines.cli import main
 from tests.conftest import tiny_config
 
@@ -26,9 +28,9 @@ def _cfg(s3, **overrides):
 
 def _rerun(cfg, layout: RunLayout, iteration: int, stage: str, out_root: str) -> dict[str, str]:
     """Run ``stage`` of ``iteration`` again on the run's inputs; its outputs go under ``out_root``."""
-    name, fn, kwargs = next(c for c in inprocess.stage_calls(cfg, layout, iteration) if c[0] == stage)
-    outputs = {k: storage.join(out_root, k.removeprefix("out_")) for k in kwargs if k.startswith("out_")}
-    fn(cfg, iteration=iteration, **(kwargs | outputs))
+    call = next(c for c in inprocess.stage_calls(cfg, layout, iteration) if c.stage == stage)
+    outputs = {k: storage.join(out_root, k.removeprefix("out_")) for k in call.kwargs if k.startswith("out_")}
+    dataclasses.replace(call, kwargs=call.kwargs | outputs).run(cfg)
     return {k.removeprefix("out_"): uri for k, uri in outputs.items()}
 
 
@@ -43,7 +45,7 @@ def test_two_iterations_with_every_artifact_on_s3_and_a_stage_rerun_gives_the_sa
     assert rows[-1]["iteration"] == 2
     layout = RunLayout(out)
     expected = [layout.bootstrap(n) for n in ("problems", "actor", "critic", "replay", "scored_chunks", "readiness", "metrics")]
-    expected += [layout.output(it, name) for it in (1, 2) for outs in OUTPUTS.values() for name in outs]
+    expected += [layout.output(it, name) for it in (1, 2) for stage in ITERATION for name in stage.outputs]
     for uri in expected:
         assert uri.startswith("s3://") and storage.exists(uri), uri
     # every object of the run belongs to a published artifact, and is listed in its manifest
@@ -65,7 +67,7 @@ def test_two_iterations_with_every_artifact_on_s3_and_a_stage_rerun_gives_the_sa
     # The same through the command line: ac2 stage reads and writes s3:// URIs itself.
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
-    _, _, kwargs = next(c for c in inprocess.stage_calls(cfg, layout, 2) if c[0] == "generate_chunks")
+    kwargs = next(c for c in inprocess.stage_calls(cfg, layout, 2) if c.stage == "generate_chunks").kwargs
     cli_out = s3.uri("cli", "chunks")
     args = ["stage", "generate_chunks", "--config", str(config), "--iteration", "2", "--out", f"chunks={cli_out}"]
     args += [a for k, v in kwargs.items() if not k.startswith("out_") for a in ("--in", f"{k}={v}")]
@@ -74,7 +76,7 @@ def test_two_iterations_with_every_artifact_on_s3_and_a_stage_rerun_gives_the_sa
 
     with storage.using(cfg.storage):
         # The runner's pruning removes a checkpoint from S3 entirely.
-        inprocess.prune(tiny_config(run__keep_models=1), layout, 2)
+        loop.prune(tiny_config(run__keep_models=1), layout, 2)
     for name in ("actor", "critic"):
         assert not storage.exists(layout.output(1, name))
         assert s3.objects(layout.output(1, name)) == []

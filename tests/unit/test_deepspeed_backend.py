@@ -6,6 +6,7 @@ compiles DeepSpeed's CPU communication op (20 s to 2 min here); later runs load 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 import sys
@@ -136,29 +137,29 @@ def test_update_actor_and_critic_match_the_torch_backend(_bootstrap_dir, tmp_pat
     base = tiny_config()
     run_stages(base, layout, 1)
     calls = inprocess.stage_calls(base, layout, 2)
-    for name, fn, kwargs in calls:
-        if not name.startswith("update_") and name != "evaluate":
-            inprocess.call_stage(base, fn, 2, kwargs)
+    for call in calls:
+        if not call.stage.startswith("update_") and call.stage != "evaluate":
+            call.run(base)
     results, weights = {}, {}
     for backend in ("torch", "deepspeed"):
         cfg = tiny_config(training__backend=backend, training__zero_stage=stage)
         store = ModelStore(cfg)
-        for name, fn, kwargs in calls:
-            if name.startswith("update_"):
-                kwargs = {k: (str(tmp_path / backend / k) if k.startswith("out_") else v) for k, v in kwargs.items()}
-                results[(backend, name)] = inprocess.call_stage(cfg, fn, 2, kwargs, store)
+        for call in calls:
+            if call.stage.startswith("update_"):
+                outputs = {k: str(tmp_path / backend / k) for k in call.kwargs if k.startswith("out_")}
+                results[(backend, call.stage)] = dataclasses.replace(call, kwargs=call.kwargs | outputs).run(cfg, store=store)
         weights[backend] = {
             kind: _params(ModelStore(cfg).load(str(tmp_path / backend / f"out_{kind}"), kind=kind).model)
             for kind in ("actor", "critic")
         }
     ours, ref = results[("deepspeed", "update_actor")], results[("torch", "update_actor")]
-    assert ref["trained_chunks"] > 0  # the actor really took a step
-    assert ours["loss"] == pytest.approx(ref["loss"], rel=1e-6)
-    assert ours["grad_norm"] == pytest.approx(ref["grad_norm"], rel=NORM_RTOL)
+    assert ref.trained_chunks > 0  # the actor really took a step
+    assert ours.loss == pytest.approx(ref.loss, rel=1e-6)
+    assert ours.grad_norm == pytest.approx(ref.grad_norm, rel=NORM_RTOL)
     ours, ref = results[("deepspeed", "update_critic")], results[("torch", "update_critic")]
-    assert ours["examples"] == ref["examples"] > 0
-    assert ours["loss_first"] == pytest.approx(ref["loss_first"], rel=1e-6)
-    assert ours["loss_last"] == pytest.approx(ref["loss_last"], rel=1e-5)  # after a step: clipped norms differ slightly
+    assert ours.examples == ref.examples > 0
+    assert ours.loss_first == pytest.approx(ref.loss_first, rel=1e-6)
+    assert ours.loss_last == pytest.approx(ref.loss_last, rel=1e-5)  # after a step: clipped norms differ slightly
     for kind in ("actor", "critic"):
         _assert_close_params(weights["deepspeed"][kind], weights["torch"][kind])
 
