@@ -113,15 +113,7 @@ def load_problems(
     if not rows:
         raise DataError(f"{uri}: no rows")
     filtering = min_reward_mean is not None or max_reward_mean is not None
-    needed = [f for f in _REQUIRED[shape] if f in mapping] + [f for f in mapping if f in _explicit(columns)]
-    if filtering:
-        if "reward_mean" not in mapping:
-            raise DataError(f"{uri}: the reward_mean filter needs task.columns.reward_mean to name a column")
-        needed.append("reward_mean")
-    present = set().union(*(r.keys() for r in rows[:1000]))
-    for f in dict.fromkeys(needed):
-        if mapping[f] not in present:
-            raise DataError(f"{uri}: column {mapping[f]!r} (task.columns.{f}) not found; columns are {sorted(present)}")
+    _check_columns(uri, rows, shape, mapping, columns, filtering)
 
     seen: set[str] = set()
     ids: dict[str, int] = {}
@@ -139,22 +131,19 @@ def load_problems(
         if (min_reward_mean is not None and rm < min_reward_mean) or (max_reward_mean is not None and rm > max_reward_mean):
             filtered += 1
             continue
-        digest = hashlib.sha256(f"{seed}\0{text_key}".encode()).hexdigest()
         pid = parsed["problem_id"] or f"{task}-{hashlib.sha256(text_key.encode()).hexdigest()[:16]}"
         if pid in ids:
             raise DataError(
                 f"{uri}: row {index}: column {mapping.get('problem_id')!r}: problem id {pid!r} repeats row {ids[pid]}"
             )
         ids[pid] = index
-        split = "val" if int(digest[:15], 16) / 16**15 < val_fraction else "train"
         out.append(
             {
                 "problem_id": pid,
-                "split": split,
+                "split": _split(text_key, seed=seed, val_fraction=val_fraction),
                 "task": task,
+                **{k: parsed[k] for k in ("answer", "solution")},
                 "prompt": parsed["problem"],
-                "answer": parsed["answer"],
-                "solution": parsed["solution"],
             }
         )
         metadata[pid] = parsed["metadata"]
@@ -167,6 +156,26 @@ def load_problems(
     counts = {s: sum(r["split"] == s for r in out) for s in ("train", "val")}
     table = pa.Table.from_pylist(out, schema=PROBLEMS)
     return LoadedProblems(table, metadata, len(rows), duplicates, filtered, counts)
+
+
+def _split(text_key: str, *, seed: int, val_fraction: float) -> str:
+    """val when a seeded hash of the normalised text falls below ``val_fraction``: a problem
+    keeps its split when the file changes, and duplicates land on one side."""
+    digest = hashlib.sha256(f"{seed}\0{text_key}".encode()).hexdigest()
+    return "val" if int(digest[:15], 16) / 16**15 < val_fraction else "train"
+
+
+def _check_columns(uri: str, rows: list[dict], shape: Shape, mapping: dict, columns, filtering: bool) -> None:
+    """Every column the shape needs, the config names, or the reward filter reads is in the file."""
+    needed = [f for f in _REQUIRED[shape] if f in mapping] + [f for f in mapping if f in _explicit(columns)]
+    if filtering:
+        if "reward_mean" not in mapping:
+            raise DataError(f"{uri}: the reward_mean filter needs task.columns.reward_mean to name a column")
+        needed.append("reward_mean")
+    present = set().union(*(r.keys() for r in rows[:1000]))
+    for f in dict.fromkeys(needed):
+        if mapping[f] not in present:
+            raise DataError(f"{uri}: column {mapping[f]!r} (task.columns.{f}) not found; columns are {sorted(present)}")
 
 
 def _explicit(columns: Mapping[str, str | None] | None) -> set[str]:
