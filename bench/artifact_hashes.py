@@ -3,7 +3,7 @@
     .venv/bin/python bench/artifact_hashes.py RUN_DIR [RUN_DIR ...]
 
 Two run folders made from the same config and seed list the same lines whichever runner
-made them; ``diff`` of two listings is the check that a change kept a run's bytes. A
+made them (pruned checkpoints are not listed); ``diff`` of two listings is the check that a change kept a run's bytes. A
 kfp run folder written before the runners shared one layout (its ``kfp/runs.json`` maps
 output names to kfp.local's own folders) is listed under the same names.
 
@@ -44,7 +44,7 @@ def artifacts(run_dir: Path) -> dict[str, str]:
         found = {f"bootstrap/{name}": uri for name, uri in (body.get("bootstrap") or {}).items()}
         for it, outputs in body["iterations"].items():
             found.update({f"iter-{int(it):04d}/{WRITER[name]}/{name}": uri for name, uri in outputs.items()})
-        return found
+        return {name: uri for name, uri in found.items() if storage.exists(uri)}  # not the pruned checkpoints
     return {
         Path(uri).relative_to(run_dir).as_posix(): uri
         for uri in storage.find_artifacts(str(run_dir))
