@@ -2,7 +2,7 @@
 
 The replay keeps, per problem, its newest trajectories (finished or partial). Each
 iteration picks problems, decides full or chunk mode per problem, and cuts chunk-mode
-prefixes at chunk boundaries of replayed trajectories (DESIGN.md section 2, step 1).
+prefixes at chunk boundaries of replayed trajectories (docs/design.md section 2, step 1).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def pick_problems(
 
     Revisiting is what lets AC2 continue past trajectories at all: with 16 problems a
     step from a pool of thousands, a problem would come back once in ~100 iterations
-    (DESIGN.md section 7). The rule does not depend on the algorithm, so GRPO draws the
+    (docs/design.md section 7). The rule does not depend on the algorithm, so GRPO draws the
     same way.
     """
     if not train_ids:

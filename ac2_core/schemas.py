@@ -13,7 +13,7 @@ SCHEMA_VERSION = 2  # 2: problems.metadata; ungraded chunks (grade_error, nullab
 
 _tokens = pa.list_(pa.int32())
 
-# Columns every per-iteration table carries (DESIGN.md section 4).
+# Columns every per-iteration table carries (docs/design.md section 3).
 _run = [
     pa.field("run_id", pa.string(), nullable=False),
     pa.field("iteration", pa.int32(), nullable=False),

@@ -1,4 +1,4 @@
-"""Compute accounting (DESIGN.md section 2, "Compute accounting").
+"""Compute accounting (docs/design.md section 2, step 7).
 
 A token at context position `t` (the number of tokens before it) costs
 `2*N + 4*n_layers*d_attn*t` FLOPs in a forward pass: `2*N` for the matmuls over the

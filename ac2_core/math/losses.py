@@ -1,4 +1,4 @@
-"""Actor and critic losses (DESIGN.md section 2, `update_actor` and `update_critic`).
+"""Actor and critic losses (docs/design.md section 2, steps 5 and 6).
 
 The actor loss is PPO-clip over chunk tokens. Where it departs from plain PPO/GRPO:
 

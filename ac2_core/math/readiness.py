@@ -1,4 +1,4 @@
-"""Per-problem readiness of the critic (DESIGN.md section 2, `check_readiness`).
+"""Per-problem readiness of the critic (docs/design.md section 2, step 4).
 
 A problem's window holds (prediction, outcome) pairs: the critic's `V` at a chunk
 boundary of a finished trajectory, scored before the critic trained on it, and that
@@ -153,7 +153,7 @@ def is_ready(
     """
     error = readiness_error(predictions, outcomes, metric=metric, n_bins=n_bins)
     _, o = _pairs(predictions, outcomes)
-    # DESIGN.md sections 2 and 7: on always-fail (or always-succeed) problems a critic
+    # docs/design.md sections 2 and 7: on always-fail (or always-succeed) problems a critic
     # is "calibrated" by memorising the base rate, and its targets carry no signal.
     mixed = bool((o >= 0.5).any() and (o < 0.5).any())
     ready = o.size >= min_pairs and not math.isnan(error) and error <= max_error and (mixed or not require_mixed_outcomes)

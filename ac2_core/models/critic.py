@@ -1,7 +1,7 @@
 """The critic ``V(x, s; ref)``: the actor's backbone plus a scalar head on the last token.
 
 Its input is problem + reference solution (if any) + partial answer, built by
-``build_critic_input`` (DESIGN.md section 2, ``update_critic``).
+``build_critic_input`` (docs/design.md section 2, step 6).
 
 On disk a critic is an HF-style directory::
 

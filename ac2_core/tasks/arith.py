@@ -8,7 +8,7 @@ Prompt and canonical solution (one character is one token, see ``models.tokenize
 
 The worked solution is unique, so a partial answer can be judged position by position
 against a reference solution (an earlier correct answer). That is why ac2 uses this
-task: the critic has something it can learn to check (DESIGN.md section 7).
+task: the critic has something it can learn to check (docs/design.md section 7).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 RL from a random tiny model finds no reward, so the actor first learns to imitate
 worked solutions. Accuracy jumps suddenly (between steps 300 and 500 in the
-prototype, DESIGN.md section 7), so the stopping point is chosen by evaluation: the
+prototype, docs/design.md section 7), so the stopping point is chosen by evaluation: the
 run stops at the first evaluation that reaches ``target_score``.
 """
 
