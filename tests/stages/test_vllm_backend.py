@@ -218,8 +218,8 @@ def test_generate_chunks_and_evaluate_run_on_vllm(vcfg, run_dir):
     store = ModelStore(vcfg)
     for it in (1, 2):
         results = run_stages(vcfg, layout, it, store=store)
-        assert results["generate_chunks"]["chunks"] == len(rows(layout, it, "prefixes")) * vcfg.rollout.group_size
-        assert results["evaluate"]["val_score"] is not None
+        assert results["generate_chunks"].chunks == len(rows(layout, it, "prefixes")) * vcfg.rollout.group_size
+        assert results["evaluate"].val_score is not None
     chunks = rows(layout, 2, "chunks")
     prefixes = {p["prefix_id"]: p for p in rows(layout, 2, "prefixes")}
     budget = {p["prefix_id"]: p["budget"] for p in prefixes.values()}
