@@ -3,7 +3,7 @@
     .venv/bin/python bench/stage_throughput.py [--iterations 4] [--warmup 1] [--bootstrap-from runs/toy]
 
 Runs the real stage functions of ``pipelines/configs/toy.yaml`` (algorithm ac2, so the
-critic stages run too) through ``inprocess.stage_calls``/``call_stage``, twice over the
+critic stages run too) through ``inprocess.stage_calls`` (``StageCall.run``), twice over the
 same bootstrap:
 
 - ``memory``: one ``ModelStore(keep_in_memory=True)`` for all stages, as the inprocess
