@@ -215,9 +215,12 @@ class ReplayConfig(Section):
 
 
 class ReadinessConfig(Section):
-    metric: Literal["binned_calibration", "brier_ratio", "auc"] = Field(
-        "binned_calibration", description="how the critic's error on one problem is measured"
+    metric: Literal["discriminating", "binned_calibration", "brier_ratio", "auc"] = Field(
+        "discriminating",
+        description="discriminating: beats the problem's base rate (AUC >= min_auc, Brier skill > 0) and is calibrated"
+        " (binned error <= max_error); or one number against max_error: binned_calibration, brier_ratio, auc (1 - AUC)",
     )
+    min_auc: float = Field(0.7, ge=0.5, le=1, description="discriminating: the smallest AUC on a problem's window")
     window: int = Field(32, ge=1, description="(prediction, outcome) pairs kept per problem")
     min_pairs: int = Field(8, ge=1, description="pairs needed before a problem can be ready")
     max_error: float = Field(0.15, ge=0, description="largest error at which a problem is ready")

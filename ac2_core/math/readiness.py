@@ -5,9 +5,14 @@ boundary of a finished trajectory, scored before the critic trained on it, and t
 trajectory's reward. Where this departs from the AC2 paper's per-sample rule:
 
 - The error is not the per-sample mean `|V - R|`, which punishes honest uncertainty:
-  a perfect critic on a problem solved half the time scores 0.5. The metric is one of
-  binned calibration error, a Brier ratio against the problem's own success rate, or
-  1 - AUC.
+  a perfect critic on a problem solved half the time scores 0.5.
+- The default rule, `discriminating`, asks for two things at once: the critic must beat
+  the problem's own base rate on its window (AUC at least `min_auc` and a positive Brier
+  skill against the window's success rate), and be calibrated (binned calibration error
+  at most `max_error`). Calibration alone admits a critic that predicts each problem's
+  success rate and cannot tell a good partial answer from a bad one: a constant is
+  perfectly calibrated on a window whose rate it matches. The single-number rules
+  (binned calibration error, Brier ratio, 1 - AUC) stay selectable.
 - By default a problem is ready only if its window holds both successes and failures,
   since readiness on problems that always fail or always succeed carries no signal.
 
@@ -21,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-METRICS = ("binned_calibration", "brier_ratio", "auc")
+METRICS = ("discriminating", "binned_calibration", "brier_ratio", "auc")
 
 
 def binned_calibration_error(predictions: Any, outcomes: Any, *, n_bins: int = 10) -> float:
@@ -105,14 +110,15 @@ def readiness_error(predictions: Any, outcomes: Any, *, metric: str, n_bins: int
     Args:
         predictions: (N,) in [0, 1]. Critic values `V`.
         outcomes: (N,) in [0, 1]. Terminal rewards `R`.
-        metric: "binned_calibration", "brier_ratio" or "auc" (as 1 - AUC).
-        n_bins: bins for "binned_calibration"; ignored otherwise.
+        metric: "binned_calibration", "brier_ratio" or "auc" (as 1 - AUC); "discriminating"
+            reports its calibration part, the binned calibration error.
+        n_bins: bins for the binned calibration error; ignored by the others.
 
     Returns:
         The error (lower is better), or nan where the metric is undefined.
     """
     match metric:
-        case "binned_calibration":
+        case "binned_calibration" | "discriminating":
             return binned_calibration_error(predictions, outcomes, n_bins=n_bins)
         case "brier_ratio":
             return brier_ratio(predictions, outcomes)
@@ -131,12 +137,15 @@ def is_ready(
     max_error: float,
     require_mixed_outcomes: bool = True,
     n_bins: int = 10,
+    min_auc: float = 0.7,
 ) -> tuple[bool, float]:
     """Whether a problem's window makes its critic targets usable.
 
     Ready iff the window has at least `min_pairs` pairs, the error is defined and at
     most `max_error`, and (when `require_mixed_outcomes`) it holds at least one
-    outcome >= 0.5 and one < 0.5.
+    outcome >= 0.5 and one < 0.5. Under `metric="discriminating"` the critic must also
+    beat the window's base rate: AUC >= `min_auc` and Brier ratio < 1 (both need the two
+    outcomes, so this metric never admits a one-class window).
 
     Args:
         predictions: (N,) in [0, 1]. Critic values `V`, scored out of sample.
@@ -145,18 +154,22 @@ def is_ready(
         min_pairs: minimum window size N.
         max_error: largest error that still counts as ready.
         require_mixed_outcomes: demand both a success and a failure in the window.
-        n_bins: bins for "binned_calibration".
+        n_bins: bins for the binned calibration error.
+        min_auc: "discriminating" only: the smallest AUC that beats the base rate.
 
     Returns:
         ready: python bool.
         error: the window's error (nan where undefined), reported even when not ready.
     """
     error = readiness_error(predictions, outcomes, metric=metric, n_bins=n_bins)
-    _, o = _pairs(predictions, outcomes)
+    p, o = _pairs(predictions, outcomes)
     # docs/design.md sections 2 and 7: on always-fail (or always-succeed) problems a critic
     # is "calibrated" by memorising the base rate, and its targets carry no signal.
     mixed = bool((o >= 0.5).any() and (o < 0.5).any())
     ready = o.size >= min_pairs and not math.isnan(error) and error <= max_error and (mixed or not require_mixed_outcomes)
+    if ready and metric == "discriminating":
+        # 1 - auc_error and brier_ratio are nan on a one-class window; nan comparisons are False
+        ready = (1.0 - auc_error(p, o)) >= min_auc and brier_ratio(p, o) < 1.0
     return bool(ready), error
 
 

@@ -42,6 +42,7 @@ def update_windows(cfg: AC2Config, previous: list[dict], pairs: list[dict], iter
             max_error=cfg.readiness.max_error,
             require_mixed_outcomes=cfg.readiness.require_mixed_outcomes,
             n_bins=cfg.readiness.n_bins,
+            min_auc=cfg.readiness.min_auc,
         )
         rows.append(
             {

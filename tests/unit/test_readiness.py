@@ -111,3 +111,53 @@ def test_is_ready_error_above_max_or_nan():
     # one-class window: brier ratio is nan -> never ready, even without the mixed requirement
     ready, error = is_ready([0.9, 0.9], [1, 1], metric="brier_ratio", min_pairs=1, max_error=1.0, require_mixed_outcomes=False)
     assert ready is False and math.isnan(error)
+
+
+# ---- the discriminating rule: beat the window's base rate, and be calibrated
+
+DISCRIMINATING = dict(metric="discriminating", min_pairs=8, max_error=0.15, n_bins=5, min_auc=0.7)
+
+
+def _windows(seed: int, n: int = 200):
+    """Random windows of 8-32 outcomes with both classes, at success rates from 0.1 to 0.9."""
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        size = int(rng.integers(8, 33))
+        rate = float(rng.uniform(0.1, 0.9))
+        out = (rng.random(size) < rate).astype(float)
+        out[0], out[1] = 1.0, 0.0  # both classes, so only the critic can close the gate
+        yield rng, out
+
+
+def test_a_constant_critic_is_never_ready():
+    # a constant V has AUC 1/2 on every window (all ties): whatever the constant, and
+    # however calibrated, it cannot beat the base rate
+    for rng, out in _windows(0):
+        for v in (float(out.mean()), 0.5, float(rng.uniform())):
+            ready, _ = is_ready([v] * len(out), out, **DISCRIMINATING)
+            assert not ready
+
+
+def test_a_critic_that_knows_only_the_problems_rate_is_never_ready():
+    # V = the window's own success rate (the best a critic blind to the state can do):
+    # calibration error 0, so the calibration-only rule admits it; AUC 1/2 and Brier skill 0
+    for _, out in _windows(1):
+        pred = [float(out.mean())] * len(out)
+        assert is_ready(pred, out, **DISCRIMINATING)[0] is False
+        assert is_ready(pred, out, metric="binned_calibration", min_pairs=8, max_error=0.15, n_bins=5)[0] is True
+
+
+def test_a_discriminating_calibrated_critic_is_ready():
+    # 6 successes at V = 0.8 and 10 failures at V = 0.2 (one failure at 0.8 as noise):
+    # AUC = (6 * 9 + 6 * 1 * 1/2) / (6 * 10) = 57 / 60 = 0.95;
+    # bins (5): [0.2] x 9 -> |0.2 - 0| = 0.2 on 9/16; [0.8] x 7 -> |0.8 - 6/7| = 0.0571 on 7/16
+    # calibration = (9 * 0.2 + 7 * 0.0571) / 16 = (1.8 + 0.4) / 16 = 0.1375 <= 0.15
+    pred = [0.8] * 6 + [0.2] * 9 + [0.8]
+    out = [1] * 6 + [0] * 10
+    ready, error = is_ready(pred, out, **DISCRIMINATING)
+    assert ready is True and error == approx(0.1375)
+    # the same ranking but miscalibrated (V = 0.95 / 0.5): AUC still 0.95, calibration
+    # (9 * 0.5 + 7 * |0.95 - 6/7|) / 16 = (4.5 + 0.65) / 16 = 0.3219 > 0.15
+    assert is_ready([0.95] * 6 + [0.5] * 9 + [0.95], out, **DISCRIMINATING) == (False, approx(0.321875))
+    # and a calibrated critic that ranks too weakly: AUC below min_auc
+    assert is_ready(pred, out, **{**DISCRIMINATING, "min_auc": 0.96})[0] is False
