@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 2  # 2: problems.metadata; ungraded chunks (grade_error, nullable targets, metrics counts)
+SCHEMA_VERSION = 3  # 2: problems.metadata; ungraded chunks (grade_error, nullable targets, metrics counts); 3: metrics critic_auc, full_rollout_tokens
 
 _tokens = pa.list_(pa.int32())
 
@@ -142,6 +142,8 @@ METRICS = pa.schema(
         pa.field("ungraded_chunks", pa.int32(), nullable=False),  # finished chunks the grader could not score
         pa.field("ungraded_val", pa.int32()),  # validation answers the grader could not score; null without evaluation
         pa.field("critic_error", pa.float32()),  # binned calibration error over this iteration's pairs
+        pa.field("critic_auc", pa.float32()),  # AUC of this iteration's pairs, scored before the critic saw them
+        pa.field("full_rollout_tokens", pa.float64(), nullable=False),  # full rollouts of the same problems would decode this
         pa.field("decode_tokens", pa.int64(), nullable=False),
         pa.field("decode_flops", pa.float64(), nullable=False),
         pa.field("prefill_flops", pa.float64(), nullable=False),

@@ -254,6 +254,11 @@ class ActorConfig(Section):
 
 
 class CriticConfig(Section):
+    kind: Literal["learned", "oracle"] = Field(
+        "learned",
+        description="learned: the critic model; oracle: a DIAGNOSTIC bound for task arith (V = 0 once the partial answer"
+        " leaves the canonical solution, else the current policy's success rate from that depth), never for comparisons",
+    )
     lr: float = Field(3e-4, gt=0, description="AdamW learning rate of the critic")
     lr_warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear lr warm-up")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
@@ -262,6 +267,9 @@ class CriticConfig(Section):
     batch_size: int = Field(128, ge=1, description="distinct critic inputs drawn for each step")
     micro_batch_size: int = Field(64, ge=1, description="critic inputs per forward/backward")
     td_weight: float = Field(0.0, ge=0, description="weight of bootstrapped V(s+c) targets for unfinished chunks")
+    dense: bool = Field(
+        False, description="fit V at every token of each finished answer in one pass over it, not only at its chunk boundaries"
+    )
     warmup_iterations: int = Field(0, ge=0, description="first iterations in full mode only, to fit the critic")
     use_reference: bool = Field(True, description="show the critic a reference solution from replay")
     max_input_tokens: int = Field(384, ge=16, description="critic input cap; the partial answer is cut from its start")
@@ -352,6 +360,14 @@ class AC2Config(Section):
             raise ValueError(
                 "cluster.judge_secret needs task.judge.api_key_env: the name of the env variable the key is given as"
                 f" (found task.judge {'unset' if self.task.judge is None else 'without api_key_env'})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _oracle_only_for_arith(self) -> AC2Config:
+        if self.critic.kind == "oracle" and self.task.name != "arith":
+            raise ValueError(
+                f"critic.kind oracle reads the canonical worked solution, which only task arith has (found task {self.task.name})"
             )
         return self
 

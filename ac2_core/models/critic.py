@@ -54,8 +54,24 @@ class Critic(nn.Module):
         nn.init.zeros_(head.bias)
         return cls(backbone, head).eval()
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """input_ids, attention_mask: (B, T); left or right padded. Returns logits: (B,) float32."""
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, every_position: bool = False) -> torch.Tensor:
+        """input_ids, attention_mask: (B, T); left or right padded. Returns logits: (B,) float32,
+        the last attended token's.
+
+        ``every_position=True`` (right-padded inputs only) returns (B, T): the backbone is
+        causal, so position ``t`` holds the logit of the input cut after token ``t``, and one
+        pass scores every state along an answer.
+        """
+        hidden = self._hidden(input_ids, attention_mask)  # (B, T, H)
+        if every_position:
+            if bool(attention_mask[:, 0].eq(0).any()):
+                raise ValueError("every_position needs right-padded inputs: a row starts with padding")
+            return self._head(hidden)
+        T = attention_mask.shape[1]
+        last = T - 1 - attention_mask.flip(dims=[1]).long().argmax(dim=1)  # (B,) last attended index
+        return self._head(hidden[torch.arange(hidden.shape[0], device=hidden.device), last])
+
+    def _hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         if attention_mask.ndim != 2 or attention_mask.shape != input_ids.shape:
             raise ValueError(
                 f"input_ids and attention_mask must both be (B, T); found {tuple(input_ids.shape)} "
@@ -67,15 +83,15 @@ class Critic(nn.Module):
         # Positions count attended tokens only, so a padded row sees the positions it
         # would see alone.
         position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
-        hidden = self.backbone(
+        return self.backbone(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         ).last_hidden_state  # (B, T, H)
-        T = attention_mask.shape[1]
-        last = T - 1 - attention_mask.flip(dims=[1]).long().argmax(dim=1)  # (B,) last attended index
-        pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]  # (B, H)
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., H) -> (...,) float32 logits."""
         # the head's own dtype: float32, except under DeepSpeed bf16, which casts every parameter it trains
         head = self.value_head
-        return head(pooled.to(head.weight.dtype)).squeeze(-1).float()
+        return head(hidden.to(head.weight.dtype)).squeeze(-1).float()
 
     def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """V(x, s; ref): (B,) in (0, 1)."""

@@ -118,6 +118,8 @@ def initial_metrics(cfg: AC2Config, model, tok, problems: Problems) -> dict:
         "ungraded_chunks": 0,
         "ungraded_val": ungraded_val,
         "critic_error": None,
+        "critic_auc": None,
+        "full_rollout_tokens": 0.0,
     }
     for key in ("decode_tokens", "decode_flops", "prefill_flops", "critic_flops", "train_flops"):
         row[key] = row[f"cum_{key}"] = 0

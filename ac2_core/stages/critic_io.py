@@ -38,3 +38,12 @@ class CriticInputs:
             state_id=self.state_id,
             max_tokens=self.cfg.critic.max_input_tokens,
         )
+
+    def build_along(self, problem_id: str, ref_trajectory_id: str | None, response: list[int]) -> tuple[list[int], int] | None:
+        """The input for the whole ``response`` and the index of its ``<|state|>`` token, so
+        position ``head + c`` ends the state ``response[:c]``; None when the input had to be
+        cut (then no single pass holds every state as it would be scored alone)."""
+        x = self.build(problem_id, ref_trajectory_id, response)
+        head = len(x) - len(response) - 1
+        return (x, head) if head >= 0 and x[head] == self.state_id and x[head + 1 :] == list(response) else None
+

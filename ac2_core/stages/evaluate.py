@@ -15,12 +15,14 @@ from ac2_core.config import AC2Config
 from ac2_core.generation import generate_for
 from ac2_core.math import (
     attention_width,
+    auc_error,
     binned_calibration_error,
     count_non_embedding_params,
     decode_flops,
     prefill_flops,
     train_flops,
 )
+from ac2_core.math.savings import full_rollout_tokens
 from ac2_core.models.state import read_state
 from ac2_core.models.store import ModelStore
 from ac2_core.stages.common import Problems, StageStats, prompt_ids, read, seed_for, write
@@ -62,15 +64,25 @@ def validation_score(cfg: AC2Config, model, tok, probs: Problems, *, model_uri: 
     return (sum(rewards) / len(rewards) if rewards else None), len(grades) - len(rewards)
 
 
-def compute_bill(model, chunks, prefixes, scored, trained_tokens: int) -> dict:
+def _auc(predictions: list[float], outcomes: list[float]) -> float | None:
+    """AUC of the critic's out-of-sample predictions; None without both outcomes."""
+    error = auc_error(predictions, outcomes) if predictions else float("nan")
+    return None if error != error else 1.0 - error
+
+
+def compute_bill(model, chunks, prefixes, scored, trained_tokens: int, *, group_size: int) -> dict:
     n = count_non_embedding_params(model)
     n_layers, d_attn = attention_width(model.config)
     shape = dict(n_params=n, n_layers=n_layers, d_attn=d_attn)
     decode = sum(decode_flops(**shape, start=c["context_tokens"], n_tokens=len(c["token_ids"])) for c in chunks)
     context = {c["prefix_id"]: c["context_tokens"] for c in chunks}
     prefill = sum(prefill_flops(**shape, n_tokens=context[p["prefix_id"]]) for p in prefixes if p["prefix_id"] in context)
+    modes = {p["prefix_id"]: (p["mode"], p["problem_id"]) for p in prefixes}
+    full_lengths = [len(c["token_ids"]) for c in chunks if modes[c["prefix_id"]][0] == "full"]
+    chunk_problems = {modes[c["prefix_id"]][1] for c in chunks if modes[c["prefix_id"]][0] == "chunk"}
     return {
         "decode_tokens": sum(len(c["token_ids"]) for c in chunks),
+        "full_rollout_tokens": full_rollout_tokens(full_lengths, len(chunk_problems), group_size),
         "decode_flops": float(decode),
         "prefill_flops": float(prefill),
         "critic_flops": float(sum(s["critic_flops"] for s in scored)),
@@ -131,7 +143,7 @@ def run(
     trained = read_state(actor, kind="actor")["trained_tokens"]
     if critic is not None:
         trained += read_state(critic, kind="critic")["trained_tokens"]
-    bill = compute_bill(ckpt.model, read(chunks, "chunks"), prefix_rows, scored, trained)
+    bill = compute_bill(ckpt.model, read(chunks, "chunks"), prefix_rows, scored, trained, group_size=cfg.rollout.group_size)
 
     due = iteration % cfg.eval.every == 0 or iteration >= cfg.run.iterations
     val_score, ungraded_val = validation_score(cfg, ckpt.model, ckpt.tokenizer, probs, model_uri=actor) if due else (None, None)
@@ -153,6 +165,7 @@ def run(
         )
         if pairs
         else None,
+        "critic_auc": _auc([p["prediction"] for p in pairs], [p["outcome"] for p in pairs]),
         **bill,
     }
     for key in ("decode_tokens", "decode_flops", "prefill_flops", "critic_flops", "train_flops"):

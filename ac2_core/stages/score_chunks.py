@@ -54,10 +54,12 @@ class ScoreStats(StageStats):
 
 @dataclass(frozen=True)
 class CriticRequest:
-    """One critic input to score, and where its value goes."""
+    """One state to score, and where its value goes."""
 
     row: int  # the scored_chunks row it belongs to; the critic FLOPs are charged there
-    tokens: list[int]  # the critic input
+    problem_id: str
+    ref: str | None  # the reference trajectory shown to the critic
+    state: list[int]  # the partial answer
     field: Literal["value_start", "value_end", "prediction"]  # prediction: of critic_pairs row ``pair``
     pair: int | None = None
 
@@ -86,13 +88,7 @@ def run(
         if c["prefix_id"] not in prefix_by_id:
             raise ValueError(f"{chunks}: chunk {c['chunk_id']} refers to prefix {c['prefix_id']}, absent from {prefixes}")
 
-    ckpt = store.load(critic, kind="critic") if cfg.uses_critic else None
     tok = store.tokenizer(actor, kind="actor")  # rewards are graded on the decoded text
-    builder = None
-    if cfg.uses_critic:
-        from ac2_core.stages.critic_io import CriticInputs
-
-        builder = CriticInputs(cfg, tok, probs, read(replay, "replay"))
     responses = [prefix_by_id[c["prefix_id"]]["prefix_token_ids"] + c["token_ids"] for c in rows]
     grades = grade_finished(
         cfg, probs, [(c, response) for c, response in zip(rows, responses) if c["finish_reason"] != "length"], tok
@@ -101,11 +97,17 @@ def run(
     for c, response in zip(rows, responses):
         p = prefix_by_id[c["prefix_id"]]
         scored.append(_scored_row(cfg, iteration, c, p, response, grades.get(c["chunk_id"])))
-        if builder is not None:
-            requests += _critic_requests(cfg, iteration, builder, len(scored) - 1, scored[-1], p, pairs)
+        if cfg.uses_critic:
+            requests += _critic_requests(cfg, iteration, len(scored) - 1, scored[-1], p, pairs)
 
-    if ckpt is not None and requests:
-        _apply_critic(cfg, ckpt, critic, requests, scored, pairs)
+    if requests and cfg.critic.kind == "learned":
+        from ac2_core.stages.critic_io import CriticInputs
+
+        builder = CriticInputs(cfg, tok, probs, read(replay, "replay"))
+        inputs = [builder.build(r.problem_id, r.ref, r.state) for r in requests]
+        _apply_critic(cfg, store.load(critic, kind="critic"), critic, requests, inputs, scored, pairs)
+    elif requests:
+        _apply_oracle(probs, tok, requests, scored, pairs)
     scored_hash = write(cfg, STAGE, out_scored_chunks, scored, "scored_chunks")
     write(cfg, STAGE, out_critic_pairs, pairs, "critic_pairs")
     rewards = [s["reward"] for s in scored if s["finished"] and s["reward"] is not None]
@@ -115,7 +117,7 @@ def run(
         ungraded=sum(s["target_source"] == "ungraded" for s in scored),
         mean_reward=sum(rewards) / len(rewards) if rewards else float("nan"),
         critic_pairs=len(pairs),
-        critic_inputs=len({tuple(r.tokens) for r in requests}),
+        critic_inputs=len({(r.problem_id, r.ref, tuple(r.state)) for r in requests}),
         critic_flops=sum(s["critic_flops"] for s in scored),
         scored_chunks_hash=scored_hash,
     )
@@ -147,15 +149,13 @@ def _scored_row(cfg: AC2Config, iteration: int, c: dict, p: dict, response: list
     }
 
 
-def _critic_requests(
-    cfg: AC2Config, iteration: int, builder, i: int, row: dict, p: dict, pairs: list[dict]
-) -> list[CriticRequest]:
+def _critic_requests(cfg: AC2Config, iteration: int, i: int, row: dict, p: dict, pairs: list[dict]) -> list[CriticRequest]:
     """What the critic scores for scored row ``i``: V at its start; V at its end if unfinished; if it
     finished with a reward, V at each chunk boundary of the answer (appending those pairs to ``pairs``)."""
     pid, ref, response = row["problem_id"], p["ref_trajectory_id"], row["response_token_ids"]
-    requests = [CriticRequest(i, builder.build(pid, ref, p["prefix_token_ids"]), "value_start")]
+    requests = [CriticRequest(i, pid, ref, p["prefix_token_ids"], "value_start")]
     if not row["finished"]:
-        return [*requests, CriticRequest(i, builder.build(pid, ref, response), "value_end")]
+        return [*requests, CriticRequest(i, pid, ref, response, "value_end")]
     if row["reward"] is None:  # ungraded: no outcome to pair predictions with
         return requests
     for cut in cut_points(len(response), cfg.rollout.chunk_tokens, finished=True):
@@ -174,14 +174,42 @@ def _critic_requests(
                 "critic_tokens": 0,
             }
         )
-        requests.append(CriticRequest(i, builder.build(pid, ref, response[:cut]), "prediction", pair=len(pairs) - 1))
+        requests.append(CriticRequest(i, pid, ref, response[:cut], "prediction", pair=len(pairs) - 1))
     return requests
 
 
-def _apply_critic(cfg: AC2Config, ckpt, critic_uri: str, requests: list[CriticRequest], scored, pairs) -> None:
+def _put(r: CriticRequest, value: float, scored: list[dict], pairs: list[dict]) -> None:
+    match r.field:
+        case "prediction":
+            pairs[r.pair]["prediction"] = value
+        case "value_end":
+            scored[r.row]["value_end"] = scored[r.row]["target"] = value
+        case "value_start":
+            scored[r.row]["value_start"] = value
+
+
+def _apply_oracle(probs: Problems, tok, requests: list[CriticRequest], scored: list[dict], pairs: list[dict]) -> None:
+    """The diagnostic oracle (``critic.kind: oracle``): its depth rates come from this
+    iteration's finished, graded full-mode answers; it costs no critic FLOPs."""
+    from ac2_core.stages.oracle_critic import depth_rates, oracle_value
+
+    full = [
+        (probs[s["problem_id"]]["solution"], tok.decode(s["response_token_ids"], skip_special_tokens=True), s["reward"])
+        for s in scored
+        if s["mode"] == "full" and s["finished"] and s["reward"] is not None
+    ]
+    depths, rates = depth_rates(full)
+    texts: dict[tuple, str] = {}
+    for r in requests:
+        key = tuple(r.state)
+        if key not in texts:
+            texts[key] = tok.decode(r.state, skip_special_tokens=True)
+        _put(r, oracle_value(probs[r.problem_id]["solution"], texts[key], depths, rates), scored, pairs)
+
+
+def _apply_critic(cfg: AC2Config, ckpt, critic_uri: str, requests: list[CriticRequest], inputs, scored, pairs) -> None:
     from ac2_core.math import attention_width, count_non_embedding_params, critic_flops
 
-    inputs = [r.tokens for r in requests]
     match cfg.critic.scoring_backend:
         case "hf":
             from ac2_core.generation.scoring import score_inputs
@@ -196,17 +224,10 @@ def _apply_critic(cfg: AC2Config, ckpt, critic_uri: str, requests: list[CriticRe
     n_params = count_non_embedding_params(ckpt.model)
     n_layers, d_attn = attention_width(ckpt.model.backbone.config)
     charged = set()
-    for r, v in zip(requests, values):
-        match r.field:
-            case "prediction":
-                pairs[r.pair]["prediction"] = v
-                pairs[r.pair]["critic_tokens"] = len(r.tokens)
-            case "value_end":
-                scored[r.row]["value_end"] = scored[r.row]["target"] = v
-            case "value_start":
-                scored[r.row]["value_start"] = v
-        if tuple(r.tokens) not in charged:  # identical inputs are computed once; charge the first row
-            charged.add(tuple(r.tokens))
-            scored[r.row]["critic_flops"] += critic_flops(
-                n_params=n_params, n_layers=n_layers, d_attn=d_attn, n_tokens=len(r.tokens)
-            )
+    for r, x, v in zip(requests, inputs, values):
+        _put(r, v, scored, pairs)
+        if r.field == "prediction":
+            pairs[r.pair]["critic_tokens"] = len(x)
+        if tuple(x) not in charged:  # identical inputs are computed once; charge the first row
+            charged.add(tuple(x))
+            scored[r.row]["critic_flops"] += critic_flops(n_params=n_params, n_layers=n_layers, d_attn=d_attn, n_tokens=len(x))

@@ -22,18 +22,36 @@ from ac2_core.stages.critic_io import CriticInputs
 STAGE = "update_critic"
 
 
-def training_examples(cfg: AC2Config, builder: CriticInputs, pairs: list[dict], scored: list[dict]) -> list[tuple]:
-    """(critic input, target, weight) for every distinct input: pairs, plus TD examples when enabled.
+Example = tuple[list[int], list[tuple[int, float, float]]]  # critic input, (position, target, weight) to fit
 
-    The G samples of a group share their early states, so many pairs have the same input.
-    They are merged into one example with the weighted mean target and the summed weight:
-    ``sum_i w_i BCE(x, y_i)`` and ``W BCE(x, sum_i w_i y_i / W)`` have the same gradient.
+
+def training_examples(cfg: AC2Config, builder: CriticInputs, pairs: list[dict], scored: list[dict]) -> list[Example]:
+    """Every distinct critic input with the positions it fits: pairs, plus TD examples when enabled.
+
+    A pair fits its state's last token. With ``critic.dense`` the states of one finished
+    answer are fitted in one input, the whole answer, at every token: position ``head + c``
+    ends the state of ``c`` tokens (the backbone is causal), each weighted so that the answer
+    weighs as much as its pairs. An answer whose input had to be cut keeps its pairs.
+
+    The G samples of a group share their early states, so many inputs are the same. They are
+    merged into one example per (input, position) with the weighted mean target and the
+    summed weight: ``sum_i w_i BCE(x, y_i)`` and ``W BCE(x, sum_i w_i y_i / W)`` have the same gradient.
     """
     response = {s["chunk_id"]: s["response_token_ids"] for s in scored}
-    examples = []
+    fits: list[tuple[list[int], int, float, float]] = []  # (input, position, target, weight)
+    by_trajectory: dict[str, list[dict]] = {}
     for p in pairs:
-        state = response[p["trajectory_id"]][: p["cut"]]
-        examples.append((builder.build(p["problem_id"], p["ref_trajectory_id"], state), p["outcome"], 1.0))
+        by_trajectory.setdefault(p["trajectory_id"], []).append(p)
+    for tid, ps in by_trajectory.items():
+        along = builder.build_along(ps[0]["problem_id"], ps[0]["ref_trajectory_id"], response[tid]) if cfg.critic.dense else None
+        if along is not None:
+            x, head = along
+            n = len(response[tid])
+            fits.extend((x, head + c, ps[0]["outcome"], len(ps) / n) for c in range(n))
+            continue
+        for p in ps:
+            x = builder.build(p["problem_id"], p["ref_trajectory_id"], response[tid][: p["cut"]])
+            fits.append((x, len(x) - 1, p["outcome"], 1.0))
     if cfg.critic.td_weight > 0:
         L = cfg.rollout.chunk_tokens
         for s in scored:
@@ -41,13 +59,13 @@ def training_examples(cfg: AC2Config, builder: CriticInputs, pairs: list[dict], 
                 # an unfinished chunk starts at the last chunk boundary before its end
                 start = s["response_token_ids"][: (len(s["response_token_ids"]) - 1) // L * L]
                 x = builder.build(s["problem_id"], s["ref_trajectory_id"], start)
-                examples.append((x, s["value_end"], cfg.critic.td_weight))
-    merged: dict[tuple, list[float]] = {}
-    for x, y, w in examples:
-        acc = merged.setdefault(tuple(x), [0.0, 0.0])
+                fits.append((x, len(x) - 1, s["value_end"], cfg.critic.td_weight))
+    merged: dict[tuple, dict[int, list[float]]] = {}
+    for x, pos, y, w in fits:
+        acc = merged.setdefault(tuple(x), {}).setdefault(pos, [0.0, 0.0])
         acc[0] += w * y
         acc[1] += w
-    return [(list(x), wy / w, w) for x, (wy, w) in merged.items()]
+    return [(list(x), [(pos, wy / w, w) for pos, (wy, w) in sorted(at.items())]) for x, at in merged.items()]
 
 
 @dataclass(frozen=True)
@@ -83,33 +101,36 @@ def run(
     def loss_fn(model, part):
         mb, total_weight = part
         device = device_of(model)
-        width = max(len(x) for x, _, _ in mb)
+        width = max(len(x) for x, _ in mb)
         ids = torch.full((len(mb), width), pad, dtype=torch.long)
         attn = torch.zeros_like(ids)
-        for i, (x, _, _) in enumerate(mb):
+        for i, (x, _) in enumerate(mb):
             ids[i, : len(x)] = torch.tensor(x)
             attn[i, : len(x)] = 1
-        logits = model(ids.to(device), attn.to(device))
-        targets = torch.tensor([t for _, t, _ in mb], dtype=torch.float32, device=device)
-        weights = torch.tensor([w for _, _, w in mb], dtype=torch.float32, device=device)
+        logits = model(ids.to(device), attn.to(device), every_position=True)  # (B, T)
+        rows = torch.tensor([i for i, (_, at) in enumerate(mb) for _ in at], device=device)
+        cols = torch.tensor([pos for _, at in mb for pos, _, _ in at], device=device)
+        targets = torch.tensor([y for _, at in mb for _, y, _ in at], dtype=torch.float32, device=device)
+        weights = torch.tensor([w for _, at in mb for _, _, w in at], dtype=torch.float32, device=device)
         share = float(weights.sum()) / total_weight  # micro-batch losses sum to the step's weighted mean
-        return critic_bce_loss(logits, targets, weights) * share, {}
+        return critic_bce_loss(logits[rows, cols], targets, weights) * share, {}
 
     trainer = store.trainer(ckpt)
     history = []
-    for _ in range(cfg.critic.steps_per_iteration if examples else 0):
+    # the oracle (a diagnostic) is never trained: its checkpoint only passes through
+    for _ in range(cfg.critic.steps_per_iteration if examples and cfg.critic.kind == "learned" else 0):
         # each step fits a seeded draw of at most batch_size examples
         pick = sorted(rng.choice(len(examples), size=min(cfg.critic.batch_size, len(examples)), replace=False))
         batch = [examples[i] for i in pick]
-        total_weight = sum(w for _, _, w in batch)
+        total_weight = sum(w for _, at in batch for _, _, w in at)
         mb = cfg.critic.micro_batch_size
         history.append(trainer.step([(batch[i : i + mb], total_weight) for i in range(0, len(batch), mb)], loss_fn))
-        ckpt.trained_tokens += sum(len(x) for x, _, _ in batch)
+        ckpt.trained_tokens += sum(len(x) for x, _ in batch)
     ckpt.version += 1
     critic_hash = store.save(out_critic, ckpt, stage=STAGE)
     return CriticStats(
         examples=len(examples),
-        critic_tokens=sum(len(x) for x, _, _ in examples),
+        critic_tokens=sum(len(x) for x, _ in examples),
         loss_first=history[0]["loss"] if history else 0.0,
         loss_last=history[-1]["loss"] if history else 0.0,
         critic_version=ckpt.version,

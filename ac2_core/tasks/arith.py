@@ -123,3 +123,12 @@ def _rejection_sampled(rng: np.random.Generator, *, n_terms: int, max_value: int
                 seen.add(key)
                 problems.append(terms)
     return problems
+
+
+def agrees(solution: str, partial: str) -> bool:
+    """Whether ``partial`` (an answer written so far) is a prefix of the worked ``solution``.
+
+    The worked solution is unique, so a partial answer that is not its prefix has made an
+    error somewhere (it may still reach the right total, by a second error: rarely).
+    """
+    return solution.startswith(partial)

@@ -87,3 +87,27 @@ def test_attention_width():
     assert attention_width(cfg) == (2, 96)
     cfg.head_dim = None
     assert attention_width(cfg) == (2, 96)
+
+
+def test_chunk_saving_bound():
+    from ac2_core.math.savings import chunk_saving_bound
+
+    # the toy as it was: half the problems revisited, a quarter of the ready ones probes,
+    # 2 prefixes x 16 tokens against a 57-token answer: 0.5 * 0.75 * (1 - 32/57) = 0.375 * 25/57
+    assert chunk_saving_bound(
+        revisit_fraction=0.5, probe_fraction=0.25, prefixes_per_problem=2, chunk_tokens=16, answer_tokens=57
+    ) == pytest.approx(0.375 * 25 / 57)
+    # chunks that cost more than an answer save nothing (not a negative saving)
+    assert chunk_saving_bound(
+        revisit_fraction=1.0, probe_fraction=0.0, prefixes_per_problem=2, chunk_tokens=32, answer_tokens=57
+    ) == 0.0
+    with pytest.raises(ValueError, match="answer_tokens"):
+        chunk_saving_bound(revisit_fraction=1, probe_fraction=0, prefixes_per_problem=1, chunk_tokens=1, answer_tokens=0)
+
+
+def test_full_rollout_tokens():
+    from ac2_core.math.savings import full_rollout_tokens
+
+    # full answers of 50 and 70 tokens (mean 60) plus 3 chunk-mode problems of G = 4: 120 + 3 * 4 * 60
+    assert full_rollout_tokens([50, 70], 3, 4) == 840.0
+    assert full_rollout_tokens([], 3, 4) == 0.0

@@ -1,0 +1,48 @@
+"""How much decoding chunk mode can save: a bound from the config, and the saving measured.
+
+A full-mode group decodes ``G`` whole answers; a chunk-mode group decodes ``k`` prefixes'
+continuations of at most ``L`` tokens each, ``G`` times. Only problems that have replay can be
+ready, and a share of the ready ones stays in full mode as probes.
+"""
+
+from __future__ import annotations
+
+
+def chunk_saving_bound(
+    *, revisit_fraction: float, probe_fraction: float, prefixes_per_problem: int, chunk_tokens: int, answer_tokens: float
+) -> float:
+    """The most decoding chunk mode can save in one iteration, as a share of full rollouts of the same problems.
+
+    ``revisit_fraction * (1 - probe_fraction)`` of the problems can be in chunk mode (every
+    revisited problem ready, only probes in full mode), and each saves
+    ``1 - k * L / answer_tokens`` of its decoding (nothing when k chunks cost more than an answer).
+
+    Args:
+        revisit_fraction: share of an iteration's problems drawn from problems with replay.
+        probe_fraction: share of ready problems kept in full mode.
+        prefixes_per_problem: k, prefixes of a ready problem.
+        chunk_tokens: L, the chunk budget.
+        answer_tokens: mean length of a full answer, > 0.
+
+    Returns:
+        A share in [0, 1).
+    """
+    if answer_tokens <= 0:
+        raise ValueError(f"answer_tokens must be > 0; got {answer_tokens}")
+    per_problem = max(0.0, 1.0 - prefixes_per_problem * chunk_tokens / answer_tokens)
+    return revisit_fraction * (1.0 - probe_fraction) * per_problem
+
+
+def full_rollout_tokens(full_lengths: list[int], chunk_problems: int, group_size: int) -> float:
+    """What decoding the iteration's problems in full mode alone would have cost.
+
+    The full-mode answers count as decoded; each chunk-mode problem counts ``G`` answers of
+    the mean full-answer length of the same iteration (0 if the iteration decoded no full answer).
+
+    Args:
+        full_lengths: (F,) token counts of the iteration's full-mode answers.
+        chunk_problems: problems decoded in chunk mode.
+        group_size: G.
+    """
+    mean = sum(full_lengths) / len(full_lengths) if full_lengths else 0.0
+    return float(sum(full_lengths)) + chunk_problems * group_size * mean
