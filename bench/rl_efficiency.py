@@ -48,6 +48,8 @@ MARKER = "<!-- analysis: text below this line is kept when the tables are rewrit
 # What each variant changes; everything else comes from the config and --set.
 VARIANTS: dict[str, dict] = {
     "ac2": {},
+    # a DIAGNOSTIC: the critic reads the worked solution (critic.kind oracle); it decodes nothing extra
+    "ac2_oracle": {"critic.kind": "oracle"},
     "grpo": {"algorithm": "grpo"},
     "grpo_skip": {"algorithm": "grpo", "rollout.skip_solved_groups": 2},
     "ac2_no_gate": {"readiness.gate": False},
@@ -55,7 +57,7 @@ VARIANTS: dict[str, dict] = {
     "ac2_chunk8": {"rollout.chunk_tokens": 8},
     "ac2_chunk32": {"rollout.chunk_tokens": 32},
 }
-MAIN = ["ac2", "grpo", "grpo_skip"]
+MAIN = ["ac2", "ac2_oracle", "grpo", "grpo_skip"]
 # The benchmark's size: the toy config with a shorter run and a denser, smaller evaluation.
 BENCH_SIZE = {"run.iterations": 40, "eval.every": 2, "eval.samples_per_problem": 2, "run.keep_models": 1}
 
@@ -156,13 +158,13 @@ def _record(variant: str, seed: int, it: int, metrics: dict, seconds: dict, wall
     keep = (
         "val_score", "readiness_share", "chunk_groups", "full_groups", "mean_train_reward", "critic_error",
         "decode_tokens", "cum_decode_tokens", "cum_decode_flops", "cum_prefill_flops", "cum_critic_flops",
-        "cum_train_flops",
+        "cum_train_flops", "critic_auc", "full_rollout_tokens",
     )  # fmt: skip
     return {
         "variant": variant,
         "seed": seed,
         "iteration": it,
-        **{k: metrics[k] for k in keep},
+        **{k: metrics.get(k) for k in keep},
         "wall_s": wall,
         "cpu_s": cpu,
         "eval_s": seconds.get("evaluate", 0.0),
@@ -320,6 +322,22 @@ def diagnose(run_dir: Path) -> dict:
     }
 
 
+def bootstrap_ci(values: list[float], *, resamples: int = 10_000, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the median over ``values`` (the seeds)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    v = np.asarray(values, dtype=float)
+    medians = np.median(v[rng.integers(0, len(v), size=(resamples, len(v)))], axis=1)
+    lo, hi = np.quantile(medians, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+def eval_standard_error(score: float, answers: int) -> float:
+    """Binomial standard error of one evaluation's mean of ``answers`` 0/1 rewards."""
+    return (score * (1 - score) / answers) ** 0.5 if answers else float("nan")
+
+
 def _median_spread(values: list[float]) -> str:
     if not values:
         return "–"
@@ -369,12 +387,14 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
         " one invocation (the same load); a variant run in a later invocation is compared with GRPO's"
         " wall time from another, so read its CPU-time ratio (each process has one thread).",
         "",
-        "| variant | decode FLOPs ratio | wall-time ratio | CPU-time ratio | reached | per seed (FLOPs ratio @ iteration) |",
-        "|---|---:|---:|---:|---:|---|",
+        "| variant | decode FLOPs ratio | 95% bootstrap CI of the median | wall-time ratio | CPU-time ratio | reached"
+        " | per seed (FLOPs ratio @ iteration) |",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]
     for v in variants:
         rs = [ratios[v, s] for s in seeds if (v, s) in ratios]
         bound = "≤ " if any(not r["reached"] for r in rs) else ""
+        lo, hi = bootstrap_ci([r["flops_ratio"] for r in rs]) if rs else (float("nan"), float("nan"))
         per_seed = ", ".join(
             f"s{s}: {ratios[v, s]['flops_ratio']:.2f} @ {ratios[v, s]['iteration']}"
             if ratios[v, s]["reached"]
@@ -383,7 +403,7 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
             if (v, s) in ratios
         )
         lines.append(
-            f"| {v} | {bound}{_median_spread([r['flops_ratio'] for r in rs])}"
+            f"| {v} | {bound}{_median_spread([r['flops_ratio'] for r in rs])} | [{lo:.2f}–{hi:.2f}]"
             f" | {bound}{_median_spread([r['wall_ratio'] for r in rs])}"
             f" | {bound}{_median_spread([r['cpu_ratio'] for r in rs])}"
             f" | {sum(r['reached'] for r in rs)}/{len(rs)} | {per_seed} |"
@@ -392,7 +412,16 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
         "",
         "GRPO's peak per seed: "
         + ", ".join(f"s{s}: {p['peak']:.3f} at iteration {p['iteration']}" for s, p in sorted(peaks.items()))
-        + ".",
+        + (
+            f" (spread over seeds: {min(p['peak'] for p in peaks.values()):.3f}–{max(p['peak'] for p in peaks.values()):.3f})."
+            if peaks
+            else "."
+        ),
+        "",
+        f"Evaluation noise: one evaluation grades {args.val_answers:,} answers; at the scores seen its binomial standard"
+        f" error is {_fmt(_mean([eval_standard_error(r['val_score'], args.val_answers) for recs in runs.values() for r in recs if r['val_score'] is not None]), '.4f')}"
+        " (mean over evaluations), and a moving average of evaluations on the same problems is no less noisy than"
+        " one of them in the problems it draws. A difference inside these is a tie.",
         "",
         "## Per run",
         "",
@@ -421,10 +450,10 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
         "",
         "## Where the decoding and the learning signal went (median over seeds)",
         "",
-        "| variant | decode tokens / GRPO's, per iteration | chunk-mode share of decoded tokens"
-        " | chunks that finish | rows with signal | decoded tokens with signal | mean abs A full / chunk"
-        " | critic AUC | critic V gap (success − failure) |",
-        "|---|---:|---:|---:|---:|---:|---|---:|---:|",
+        "| variant | decode tokens / GRPO's, per iteration | decode saved against full rollouts, per iteration"
+        " | chunk-mode share of decoded tokens | chunks that finish | rows with signal | decoded tokens with signal"
+        " | mean abs A full / chunk | critic AUC (pooled) | critic AUC within iterations | critic V gap (success − failure) |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     diag = {key: diagnose(Path(args.out) / f"seed{key[1]}" / key[0]) for key in runs}
     grpo_tokens = {s: runs[v, s][-1]["cum_decode_tokens"] / runs[v, s][-1]["iteration"] for v, s in runs if v == "grpo"}
@@ -439,12 +468,21 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
             for s in seeds
             if (v, s) in runs and s in grpo_tokens
         ]
+        saved = [
+            _mean([1 - r["decode_tokens"] / r["full_rollout_tokens"] for r in runs[v, s][1:] if r.get("full_rollout_tokens")])
+            for s in seeds
+            if (v, s) in runs
+        ]
+        within = [_mean([r.get("critic_auc") for r in runs[v, s][1:]]) for s in seeds if (v, s) in runs]
         lines.append(
             f"| {v} | {_fmt(statistics.median(per_it) if per_it else None, '.3f')}"
+            f" | {_fmt(statistics.median([x for x in saved if x is not None]) if any(x is not None for x in saved) else None, '.3f')}"
             f" | {med(v, 'chunk_token_share', '.3f')} | {med(v, 'chunk_finished_share', '.2f')}"
             f" | {med(v, 'signal_row_share', '.3f')} | {med(v, 'signal_token_share', '.3f')}"
             f" | {med(v, 'mean_abs_adv_full', '.3f')} / {med(v, 'mean_abs_adv_chunk', '.3f')}"
-            f" | {med(v, 'critic_auc', '.3f')} | {med(v, 'critic_gap', '.3f')} |"
+            f" | {med(v, 'critic_auc', '.3f')}"
+            f" | {_fmt(statistics.median([x for x in within if x is not None]) if any(x is not None for x in within) else None, '.3f')}"
+            f" | {med(v, 'critic_gap', '.3f')} |"
         )
     lines += [
         "",
@@ -543,6 +581,8 @@ def main(argv: list[str] | None = None) -> None:
             configs_for(args, s)
     except ConfigError as e:
         raise SystemExit(str(e)) from None
+    probe = configs_for(args, args.seeds[0])[args.variants[0]]
+    args.val_answers = probe.task.val_size * probe.eval.samples_per_problem
     t0 = time.perf_counter()
     if not args.report_only:
         print(f"reproduce: {args.command}", flush=True)

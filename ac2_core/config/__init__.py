@@ -175,12 +175,22 @@ class TaskConfig(Section):
 class WarmStartConfig(Section):
     """Supervised warm start on reference solutions, before RL."""
 
-    max_steps: int = Field(600, ge=0, description="upper bound on SFT steps; 0 skips the warm start")
+    max_steps: int = Field(600, ge=0, description="SFT steps (all of them, unless target_score stops earlier); 0 skips it")
     batch_size: int = Field(64, ge=1, description="sequences per SFT step")
     lr: float = Field(1e-3, gt=0, description="AdamW learning rate")
+    min_lr_ratio: float = Field(1.0, gt=0, le=1, description="cosine decay of lr to this share of it by max_steps; 1: constant")
+    slip_rate: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="arith: share of the demonstrations' steps written with one digit wrong (the total carried on);"
+        " imperfect demonstrations, as real SFT data has, leave the policy slips that reward can remove; 0: exact",
+    )
     eval_every: int = Field(50, ge=1, description="steps between evaluations of the warm-start candidate")
     eval_problems: int = Field(64, ge=1, description="problems per warm-start evaluation (sampled decoding)")
-    target_score: float = Field(0.2, gt=0, le=1, description="stop at the first checkpoint whose sampled score reaches this")
+    target_score: float | None = Field(
+        None, gt=0, le=1, description="stop at the first evaluation whose sampled score reaches this; unset: run max_steps"
+    )
 
 
 class RolloutConfig(Section):
@@ -360,6 +370,14 @@ class AC2Config(Section):
             raise ValueError(
                 "cluster.judge_secret needs task.judge.api_key_env: the name of the env variable the key is given as"
                 f" (found task.judge {'unset' if self.task.judge is None else 'without api_key_env'})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _slips_only_for_arith(self) -> AC2Config:
+        if self.warm_start.slip_rate and self.task.name != "arith":
+            raise ValueError(
+                f"warm_start.slip_rate writes slips into arith's worked solutions; task {self.task.name} has none (set it to 0)"
             )
         return self
 

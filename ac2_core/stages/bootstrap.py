@@ -14,6 +14,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ac2_core import storage
@@ -26,7 +27,7 @@ from ac2_core.models.tiny import build_tiny_model
 from ac2_core.models.tokenizer import build_tokenizer
 from ac2_core.stages.common import Problems, StageStats, prompt_ids, seed_for
 from ac2_core.stages.evaluate import validation_score
-from ac2_core.tasks import grade_many, problems_for
+from ac2_core.tasks import arith, grade_many, problems_for
 
 STAGE = "bootstrap"
 
@@ -68,7 +69,11 @@ def _initial_actor(cfg: AC2Config, rows: list[dict], device: torch.device, log: 
     train = [r for r in rows if r["split"] == "train" and r["solution"]]
     held_out = train[-ws.eval_problems :]  # scored, never trained on
     train = train[: -ws.eval_problems] or train
-    log(f"warm start: SFT on {len(train)} worked solutions, up to {ws.max_steps} steps, stop at score {ws.target_score}")
+    if ws.slip_rate:  # the demonstrations as a careless writer gives them: fixed once, seeded
+        rng = np.random.default_rng([cfg.seed, cfg.task.seed])
+        train = [{**r, "solution": arith.slipped_solution(arith.terms_of(r["prompt"]), slip_rate=ws.slip_rate, rng=rng)} for r in train]
+    stop = f", stopping early at score {ws.target_score}" if ws.target_score is not None else ""
+    log(f"warm start: SFT on {len(train)} worked solutions, {ws.max_steps} steps{stop}")
     result = _sft(cfg, model, tok, train, held_out, log)
     log(f"warm start: {result['steps']} steps, sampled score {result['score']}")
     return model, tok
@@ -99,6 +104,7 @@ def _sft(cfg, model, tok, train, held_out, log):
         eval_fn=score,
         eval_every=ws.eval_every,
         target_score=ws.target_score,
+        min_lr_ratio=ws.min_lr_ratio,
         log=log,
     )
 

@@ -46,6 +46,31 @@ def solution_text(terms: list[int]) -> str:
     return "".join(steps) + f"#{total}"
 
 
+def terms_of(prompt: str) -> list[int]:
+    """The numbers of a prompt written by ``prompt_text``."""
+    return [int(t) for t in prompt.strip().split("+")]
+
+
+def slipped_solution(terms: list[int], *, slip_rate: float, rng: np.random.Generator) -> str:
+    """A worked solution as a careless person writes it: each step's result is, with
+    probability ``slip_rate``, written with one digit wrong, and the later steps carry the
+    written total on. ``slip_rate=0`` gives ``solution_text``.
+    """
+    steps = []
+    total = terms[0]
+    for term in terms[1:]:
+        written = total + term
+        if rng.random() < slip_rate:
+            digits = list(str(written))
+            i = int(rng.integers(len(digits)))
+            choices = [d for d in "0123456789" if d != digits[i] and not (i == 0 and d == "0" and len(digits) > 1)]
+            digits[i] = choices[int(rng.integers(len(choices)))]
+            written = int("".join(digits))
+        steps.append(f"{total}+{term}={written};")
+        total = written
+    return "".join(steps) + f"#{total}"
+
+
 def grade(answer: str, response: str) -> float:
     """1.0 iff ``response`` ends (after trailing whitespace) in ``#<answer>``, else 0.0.
 

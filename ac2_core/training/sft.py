@@ -1,9 +1,11 @@
 """Supervised warm start on reference solutions, before RL.
 
 RL from a random tiny model finds no reward, so the actor first learns to imitate
-worked solutions. Accuracy jumps suddenly (between steps 300 and 500 in the
-prototype, docs/design.md section 7), so the stopping point is chosen by evaluation: the
-run stops at the first evaluation that reaches ``target_score``.
+worked solutions. The learning rate follows a cosine from ``lr`` down to
+``min_lr_ratio * lr`` over ``steps`` (1.0: constant). Training runs all ``steps``, or stops
+at the first evaluation that reaches ``target_score`` when one is given; a fixed length
+gives the same warm start on every machine, where a threshold on one noisy evaluation
+does not.
 """
 
 from __future__ import annotations
@@ -28,14 +30,15 @@ def sft_warm_start(
     seed: int,
     eval_fn: Callable[[PreTrainedModel], float] | None = None,
     eval_every: int = 50,
-    target_score: float = 1.0,
+    target_score: float | None = None,
+    min_lr_ratio: float = 1.0,
     log: Callable[[str], None] = print,
 ) -> dict:
     """Train ``model`` in place on ``prompt + solution + eos`` for at most ``steps`` steps.
 
     The loss is next-token cross-entropy on the solution and eos tokens only. Every
     ``eval_every`` steps (and after the last step) ``eval_fn(model)`` is called with the
-    model in eval mode; training stops at the first score >= ``target_score``.
+    model in eval mode; with a ``target_score``, training stops at the first score >= it.
     Returns ``{"steps": steps taken, "score": last score or None, "history": [...]}``,
     one history entry ``{"step", "loss", "score"}`` per report. The model ends in eval mode.
     """
@@ -46,6 +49,10 @@ def sft_warm_start(
     examples = [_example(tokenizer, p, s) for p, s in zip(prompts, solutions)]
     device = next(model.parameters()).device
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    # cosine from lr to min_lr_ratio * lr over the planned steps
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda k: min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(k, steps) / max(steps, 1)))
+    )
     order = _batches(len(examples), batch_size, seed)
     history: list[dict] = []
     score = None
@@ -59,6 +66,7 @@ def sft_warm_start(
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        schedule.step()
         losses.append(loss.item())
         step += 1
         if step % eval_every and step != steps:
@@ -72,7 +80,7 @@ def sft_warm_start(
         history.append({"step": step, "loss": mean_loss, "score": score})
         shown = "" if eval_fn is None else f" score {score:.2f}"
         log(f"warm start step {step}/{steps} loss {mean_loss:.3f}{shown}")
-        if score is not None and score >= target_score:
+        if target_score is not None and score is not None and score >= target_score:
             log(f"warm start reached score {score:.2f} >= target {target_score:.2f} at step {step}")
             break
     model.eval()

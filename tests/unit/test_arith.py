@@ -9,7 +9,7 @@ import pytest
 from ac2_core.config import TaskConfig
 from ac2_core.models.tokenizer import build_tokenizer
 from ac2_core.schemas import PROBLEMS
-from ac2_core.tasks import grade, problems_for
+from ac2_core.tasks import arith, grade, problems_for
 from ac2_core.tasks.arith import generate_problems, solution_text
 
 
@@ -107,3 +107,20 @@ def test_answers_span_more_than_three_chunks_of_16_tokens():
     tokenizer = build_tokenizer(table.column("solution").to_pylist())
     lengths = [len(tokenizer.encode(s, add_special_tokens=False)) + 1 for s in table.column("solution").to_pylist()]
     assert sum(lengths) / len(lengths) > 3 * 16  # solution + eos; about 57 tokens
+
+
+def test_slipped_solution_carries_each_slip_on():
+    import numpy as np
+
+    terms = [49, 97, 53, 12]
+    assert arith.slipped_solution(terms, slip_rate=0.0, rng=np.random.default_rng(0)) == arith.solution_text(terms)
+    text = arith.slipped_solution(terms, slip_rate=0.999, rng=np.random.default_rng(0))
+    steps, final = text.split(";")[:-1], text.split("#")[1]
+    total = terms[0]
+    for step, term in zip(steps, terms[1:]):
+        left, written = step.split("=")
+        assert left == f"{total}+{term}"  # each step starts from the total written before it
+        right = str(total + term)
+        assert len(written) == len(right) and sum(a != b for a, b in zip(written, right)) == 1  # one digit off
+        total = int(written)
+    assert final == str(total) and arith.terms_of(arith.prompt_text(terms)) == terms

@@ -1,0 +1,570 @@
+"""How fast a critic learns to judge partial answers: the offline bench every critic change is judged on.
+
+    .venv/bin/python bench/critic_learning.py                     # the default conditions
+    .venv/bin/python bench/critic_learning.py --conditions dense dense_noref --steps 100 200 500
+    .venv/bin/python bench/critic_learning.py --report-only       # rebuild the report from the records
+
+The protocol, built from the project's own pieces (the toy config's bootstrap, the hf
+sampler, the grader, ``Critic``, ``build_critic_input``, ``critic_bce_loss``):
+
+1. **Answers.** The warm-started actor answers ``--train-problems`` training problems and
+   ``--heldout-problems`` other ones, ``--samples`` times each. Every answer is labelled
+   with its outcome (the grader's reward).
+2. **References.** Each problem also gets ``--samples`` *earlier* answers, sampled apart;
+   its reference is the first of them that succeeded, as the replay would give it online
+   (an answer is never its own reference). A problem without one has no reference.
+3. **States.** Every answer is cut at each chunk boundary (``replay.cut_points``); a state
+   is (problem, reference, partial answer) with its answer's outcome.
+4. **A condition** (``CONDITIONS``) says how the critic is made and trained; it is trained
+   at batch ``--batch`` answers and scored on the held-out answers' states after each of
+   ``--steps``. Scores: AUC over all states, over states past the first chunk (at least one
+   chunk written) and over those with a reference; the value gap (mean V on states that
+   went on to succeed minus on those that failed), and the binned calibration error.
+5. **The ceiling** (arith only): the predictor "the partial answer agrees with the canonical
+   solution so far", calibrated by depth on the training states; likewise against the
+   reference shown to the critic.
+
+Decoded tokens are counted (the answers, and the reference answers) and reported, since a
+critic warm-started on such answers charges them to AC2. Not a test: no timings are
+asserted. One torch thread; run it under ``nice``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench._common import publish  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "critic_learning.md"
+MARKER = "<!-- analysis: text below this line is kept when the tables are rewritten -->"
+
+
+@dataclass(frozen=True)
+class Condition:
+    """How one critic is made and trained (the fields not named keep their defaults)."""
+
+    use_reference: bool = True
+    dense: bool = False  # fit V at every position of an answer in one forward, not only at chunk boundaries
+    lr: float = 1e-4
+    read_steps: int = 0  # steps of reference-reading LM pretraining of the critic's backbone before the value fit
+    read_lr: float = 1e-3
+    read_on: str = "answers"  # answers: sampled answers under their references; demos: worked solutions copied;
+    # slipdemos: one slipped worked solution read under another of the same problem (no decoding needed)
+    answers: int | None = None  # fit the value on the first this many training answers (None: all)
+    note: str = ""
+    overrides: dict = field(default_factory=dict)  # reserved for critic options of the library
+
+
+CONDITIONS: dict[str, Condition] = {
+    "cuts": Condition(note="the project's critic as it was: states at chunk boundaries"),
+    "cuts_noref": Condition(use_reference=False),
+    "cuts_lr3e-4": Condition(lr=3e-4),
+    "dense": Condition(dense=True, note="V fitted at every position of each answer, one forward per answer"),
+    "dense_lr3e-4": Condition(dense=True, lr=3e-4),
+    "dense_lr1e-3": Condition(dense=True, lr=1e-3),
+    "dense_noref": Condition(dense=True, use_reference=False),
+    "dense_noref_lr3e-4": Condition(dense=True, use_reference=False, lr=3e-4),
+    "read_dense": Condition(dense=True, lr=3e-4, read_steps=300, note="backbone first reads: LM on reference + answer"),
+    "read1000_dense": Condition(dense=True, lr=3e-4, read_steps=1000),
+    "read_dense_noref": Condition(dense=True, lr=3e-4, read_steps=300, use_reference=False),
+    "read1000_dense_noref": Condition(dense=True, lr=3e-4, read_steps=1000, use_reference=False),
+    "read3000_dense": Condition(dense=True, lr=3e-4, read_steps=3000),
+    "readdemo_dense": Condition(dense=True, lr=3e-4, read_steps=300, read_on="demos", note="reads worked solutions: copying"),
+    "readdemo1000_dense": Condition(dense=True, lr=3e-4, read_steps=1000, read_on="demos"),
+    "read_cuts": Condition(lr=3e-4, read_steps=300),
+    "readslip_dense": Condition(dense=True, lr=3e-4, read_steps=1000, read_on="slipdemos", note="reads slipped solutions"),
+    "readslip_dense_noref": Condition(dense=True, lr=3e-4, read_steps=1000, read_on="slipdemos", use_reference=False),
+    "readslip_dense_2k": Condition(dense=True, lr=3e-4, read_steps=1000, read_on="slipdemos", answers=2000),
+    "dense_2k": Condition(dense=True, lr=3e-4, answers=2000),
+}
+
+
+# ---------------------------------------------------------------- data
+
+
+def load_cfg(args):
+    from ac2_core.config import load_config
+
+    return load_config(args.config, dict(args.set))
+
+
+def bootstrap(args, cfg):
+    """The toy bootstrap (cached under --out): problems, the warm-started actor."""
+    from ac2_core import storage
+    from ac2_core.stages import inprocess
+    from ac2_core.stages.layout import RunLayout
+
+    layout = RunLayout(str(Path(args.out) / "bootstrap"))
+    if not storage.exists(layout.bootstrap("metrics")):
+        t0 = time.perf_counter()
+        inprocess.run_bootstrap(cfg, layout, log=lambda m: print(f"[bootstrap] {m}", flush=True))
+        print(f"[bootstrap] {time.perf_counter() - t0:.0f}s", flush=True)
+    return layout
+
+
+def sample_answers(args, cfg, layout) -> dict:
+    """Labelled answers and reference answers, cached as JSON under --out."""
+    path = Path(args.out) / f"answers-{args.train_problems}-{args.heldout_problems}-{args.samples}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    from ac2_core.generation import generate
+    from ac2_core.models.store import ModelStore
+    from ac2_core.stages.common import Problems, prompt_ids
+    from ac2_core.tasks import grade_many
+
+    ckpt = ModelStore(cfg).load(layout.bootstrap("actor"), kind="actor")
+    model, tok = ckpt.model, ckpt.tokenizer
+    train_ids = Problems.load(layout.bootstrap("problems")).ids("train")
+    probs = Problems.load(layout.bootstrap("problems"))
+    need = args.train_problems + args.heldout_problems
+    if need > len(train_ids):
+        raise SystemExit(f"--train-problems + --heldout-problems = {need}: the task has {len(train_ids)} training problems")
+    ids = train_ids[:need]
+    rows = [probs[p] for p in ids]
+    contexts = [prompt_ids(tok, r["prompt"]) for r in rows]
+    out = {"train": ids[: args.train_problems], "heldout": ids[args.train_problems :], "answers": {}, "decoded_tokens": 0}
+    t0 = time.perf_counter()
+    for role, seed in (("labelled", 11), ("reference", 22)):
+        samples = generate(
+            model,
+            contexts,
+            [cfg.rollout.max_response_tokens] * len(contexts),
+            n=args.samples,
+            eos_id=tok.eos_token_id,
+            pad_id=tok.pad_token_id,
+            seed=seed,
+            temperature=cfg.rollout.temperature,
+        )
+        flat = [(r, s) for r, group in zip(rows, samples) for s in group]
+        grades = grade_many(
+            cfg.task, [r for r, _ in flat], [tok.decode(s.token_ids, skip_special_tokens=True) for _, s in flat], ["bench"] * len(flat)
+        )
+        for (r, s), g in zip(flat, grades):
+            entry = out["answers"].setdefault(r["problem_id"], {"labelled": [], "reference": []})
+            entry[role].append({"ids": s.token_ids, "reward": g.reward, "finished": s.finish_reason == "stop"})
+        out["decoded_tokens"] += sum(len(s.token_ids) for _, s in flat)
+        print(f"[answers] {role}: {len(flat)} answers, {time.perf_counter() - t0:.0f}s", flush=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(out))
+    tmp.replace(path)
+    return out
+
+
+@dataclass
+class Answer:
+    problem_id: str
+    prompt: list[int]
+    ref: list[int] | None
+    response: list[int]
+    outcome: float
+    cuts: list[int]
+    canonical: str  # the task's worked solution (the ceiling compares against it)
+    ref_text: str | None
+
+
+def answers_of(cfg, tok, probs, data: dict, split: str) -> list[Answer]:
+    from ac2_core.replay import cut_points
+    from ac2_core.stages.common import prompt_ids
+
+    threshold = cfg.replay.success_threshold
+    result = []
+    for pid in data[split]:
+        entry = data["answers"][pid]
+        ref = next((a["ids"] for a in entry["reference"] if a["reward"] is not None and a["reward"] >= threshold), None)
+        for a in entry["labelled"]:
+            if a["reward"] is None:
+                continue
+            result.append(
+                Answer(
+                    pid,
+                    prompt_ids(tok, probs[pid]["prompt"]),
+                    ref,
+                    a["ids"],
+                    a["reward"],
+                    cut_points(len(a["ids"]), cfg.rollout.chunk_tokens, finished=a["finished"]),
+                    probs[pid]["solution"] or "",
+                    None if ref is None else tok.decode(ref, skip_special_tokens=True),
+                )
+            )
+    return result
+
+
+# ---------------------------------------------------------------- critic
+
+
+def critic_input(cfg, tok, a: Answer, state: list[int], use_reference: bool) -> list[int]:
+    from ac2_core.models.critic import build_critic_input
+
+    return build_critic_input(
+        a.prompt,
+        a.ref if use_reference else None,
+        state,
+        ref_id=tok.convert_tokens_to_ids("<|ref|>"),
+        state_id=tok.convert_tokens_to_ids("<|state|>"),
+        max_tokens=cfg.critic.max_input_tokens,
+    )
+
+
+def batch_tensors(inputs: list[list[int]], pad_id: int, device):
+    """Right-padded ids and attention mask, (B, T), on ``device``."""
+    import torch
+
+    width = max(len(x) for x in inputs)
+    ids = torch.full((len(inputs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, x in enumerate(inputs):
+        ids[i, : len(x)] = torch.tensor(x)
+        mask[i, : len(x)] = 1
+    return ids.to(device), mask.to(device)
+
+
+def position_logits(critic, inputs: list[list[int]], pad_id: int):
+    """The value head's logit at every position of each right-padded input: (B, T)."""
+    ids, mask = batch_tensors(inputs, pad_id, critic.value_head.weight.device)
+    return critic(ids, mask, every_position=True)
+
+
+def examples(cfg, tok, answers: list[Answer], cond: Condition) -> list[tuple[list[int], list[int], float]]:
+    """(critic input, positions to fit, outcome) per answer (dense) or per state (cuts)."""
+    out = []
+    for a in answers:
+        if cond.dense:
+            x = critic_input(cfg, tok, a, a.response, cond.use_reference)
+            head = len(x) - len(a.response)
+            if head >= 0 and x[head:] == a.response:  # not cut: each position is one state's last token
+                out.append((x, [head - 1 + c for c in range(len(a.response))], a.outcome))
+                continue
+        for c in a.cuts:
+            x = critic_input(cfg, tok, a, a.response[:c], cond.use_reference)
+            out.append((x, [len(x) - 1], a.outcome))
+    return out
+
+
+def make_critic(cfg, actor, tok, answers: list[Answer], cond: Condition, seed: int):
+    """The critic: the actor's backbone (after ``read_steps`` of reference reading) and a zero head."""
+    import torch
+
+    from ac2_core.models.critic import Critic
+
+    backbone_src = actor
+    if cond.read_steps:
+        backbone_src = copy.deepcopy(actor)
+        read_pretrain(cfg, backbone_src, tok, answers, cond, seed)
+    return Critic.from_actor(backbone_src, seed=seed).train().to(torch.float32)
+
+
+def read_pretrain(cfg, model, tok, answers: list[Answer], cond: Condition, seed: int) -> None:
+    """Next-token LM on critic-layout inputs (problem, reference, answer): the answer's tokens
+    are predicted with the reference in view, so the backbone learns to read it."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from ac2_core.tasks import arith
+
+    seqs = []
+    slips = np.random.default_rng(seed + 1)
+    eos = [tok.eos_token_id]
+
+    def demo(slip: float) -> list[int]:
+        terms = arith.terms_of(tok.decode(a.prompt))
+        return tok(arith.slipped_solution(terms, slip_rate=slip, rng=slips), add_special_tokens=False)["input_ids"] + eos
+
+    for a in answers:
+        if cond.read_on in ("demos", "slipdemos"):
+            # demos: the worked solution as reference and as the answer (pure copying); slipdemos: two
+            # independently slipped ones, so the answer sometimes leaves the reference and must be computed on
+            slip = 0.0 if cond.read_on == "demos" else 0.1
+            ref, state = demo(slip), demo(slip)
+            x = critic_input(cfg, tok, Answer(a.problem_id, a.prompt, ref, [], 0.0, [], "", None), state, True)
+            seqs.append((x, len(x) - len(state)))
+        elif a.ref is not None:
+            x = critic_input(cfg, tok, a, a.response, True)
+            seqs.append((x, len(x) - len(a.response)))
+    rng = np.random.default_rng(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cond.read_lr)
+    model.train()
+    for step in range(cond.read_steps):
+        batch = [seqs[i] for i in rng.choice(len(seqs), size=min(64, len(seqs)), replace=False)]
+        ids, mask = batch_tensors([x for x, _ in batch], tok.pad_token_id, next(model.parameters()).device)
+        loss_mask = torch.zeros_like(ids, dtype=torch.bool)
+        for i, (x, head) in enumerate(batch):
+            loss_mask[i, head : len(x)] = True
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        loss = F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")[loss_mask[:, 1:]].mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if (step + 1) % 100 == 0:
+            print(f"    read step {step + 1}: loss {loss.item():.3f}", flush=True)
+    model.eval()
+
+
+def train_and_score(cfg, tok, actor, train: list[Answer], heldout: list[Answer], cond: Condition, args):
+    """Train a critic for ``cond``; yields a record at each of ``args.steps``."""
+    import numpy as np
+    import torch
+
+    from ac2_core.math import critic_bce_loss
+
+    critic = make_critic(cfg, actor, tok, train, cond, seed=args.seed)
+    data = examples(cfg, tok, train[: cond.answers], cond)
+    opt = torch.optim.AdamW(critic.parameters(), lr=cond.lr)
+    rng = np.random.default_rng(args.seed)
+    step, t0, cpu0 = 0, time.perf_counter(), time.process_time()
+    positions_seen = 0
+    for target in sorted(args.steps):
+        critic.train()
+        while step < target:
+            batch = [data[i] for i in rng.choice(len(data), size=min(args.batch, len(data)), replace=False)]
+            logits = position_logits(critic, [x for x, _, _ in batch], tok.pad_token_id)
+            rows = torch.tensor([i for i, (_, pos, _) in enumerate(batch) for _ in pos], device=logits.device)
+            cols = torch.tensor([c for _, pos, _ in batch for c in pos], device=logits.device)
+            picked = logits[rows, cols]
+            targets = torch.tensor([y for _, pos, y in batch for _ in pos], dtype=torch.float32, device=logits.device)
+            loss = critic_bce_loss(picked, targets)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(critic.parameters(), cfg.critic.max_grad_norm)
+            opt.step()
+            positions_seen += len(targets)
+            step += 1
+        critic.eval()
+        scores = score(cfg, tok, critic, heldout, cond)
+        print(f"    step {step}: " + "  ".join(f"{k} {v:.3f}" for k, v in scores.items() if isinstance(v, float)), flush=True)
+        yield {"steps": step, "cpu_s": time.process_time() - cpu0, "wall_s": time.perf_counter() - t0, "fitted_states": positions_seen, **scores}
+
+
+def score(cfg, tok, critic, heldout: list[Answer], cond: Condition) -> dict:
+    """V at every chunk boundary of every held-out answer, and the scores of those values."""
+    import torch
+
+    values, outcomes, depth, has_ref = [], [], [], []
+    with torch.no_grad():
+        for start in range(0, len(heldout), 128):
+            part = heldout[start : start + 128]
+            inputs = [critic_input(cfg, tok, a, a.response, cond.use_reference) for a in part]
+            v = torch.sigmoid(position_logits(critic, inputs, tok.pad_token_id)).cpu()
+            for i, (a, x) in enumerate(zip(part, inputs)):
+                head = len(x) - len(a.response)
+                for c in a.cuts:
+                    values.append(float(v[i, head - 1 + c]))
+                    outcomes.append(a.outcome)
+                    depth.append(c)
+                    has_ref.append(a.ref is not None)
+    return summarize(values, outcomes, depth, has_ref, cfg.rollout.chunk_tokens)
+
+
+def summarize(values, outcomes, depth, has_ref, chunk: int) -> dict:
+    from ac2_core.math.readiness import auc_error, binned_calibration_error
+
+    def auc(sel):
+        v = [x for x, s in zip(values, sel) if s]
+        o = [x for x, s in zip(outcomes, sel) if s]
+        return 1.0 - auc_error(v, o)
+
+    past = [d >= chunk for d in depth]
+    succ = [v for v, o in zip(values, outcomes) if o >= 0.5]
+    fail = [v for v, o in zip(values, outcomes) if o < 0.5]
+    return {
+        "auc": auc([True] * len(values)),
+        "auc_past": auc(past),
+        "auc_past_ref": auc([p and r for p, r in zip(past, has_ref)]),
+        "gap": statistics.fmean(succ) - statistics.fmean(fail),
+        "ece": binned_calibration_error(values, outcomes, n_bins=10),
+        "states": len(values),
+    }
+
+
+def ceiling(cfg, tok, train: list[Answer], heldout: list[Answer]) -> dict[str, dict]:
+    """Agreement predictors (arith): P(success | agrees so far, depth) fitted on ``train``."""
+    result = {}
+    for name, against in (("agree_canonical", lambda a: a.canonical), ("agree_reference", lambda a: a.ref_text)):
+        table: dict[tuple, list[float]] = {}
+
+        def key(a, c):
+            ref = against(a)
+            if ref is None:
+                return ("noref", c)
+            return (ref.startswith(tok.decode(a.response[:c], skip_special_tokens=True)), c)
+
+        for a in train:
+            for c in a.cuts:
+                table.setdefault(key(a, c), []).append(a.outcome)
+        rate = {k: statistics.fmean(v) for k, v in table.items()}
+        base = statistics.fmean(a.outcome for a in train)
+        values, outcomes, depth, has_ref = [], [], [], []
+        for a in heldout:
+            for c in a.cuts:
+                values.append(rate.get(key(a, c), base))
+                outcomes.append(a.outcome)
+                depth.append(c)
+                has_ref.append(a.ref is not None)
+        result[name] = summarize(values, outcomes, depth, has_ref, cfg.rollout.chunk_tokens)
+    return result
+
+
+# ---------------------------------------------------------------- report
+
+
+def report(records: list[dict], meta: dict, reproduce: str) -> str:
+    """The Markdown report: the ceiling, then condition x steps, from every record (newest wins)."""
+    latest: dict[tuple, dict] = {}
+    for r in records:
+        latest[(r["condition"], r.get("steps", 0))] = r
+    ceilings = [r for (_, _), r in latest.items() if r.get("ceiling")]
+    runs = sorted((r for r in latest.values() if not r.get("ceiling")), key=lambda r: (r["condition"], r["steps"]))
+    lines = [
+        "# Critic learning: how well a critic judges partial answers, against training steps",
+        "",
+        f"Reproduce: `{reproduce}`",
+        "",
+        f"Data: {meta['train']:,} answers of {meta['train_problems']:,} problems to train on, {meta['heldout']:,} answers of"
+        f" {meta['heldout_problems']:,} other problems held out ({meta['states']:,} held-out states at chunk boundaries);"
+        f" success rate {meta['success']:.3f}; {meta['with_ref']:.0%} of the answers have a reference. Decoded:"
+        f" {meta['decoded']:,} tokens (the answers and the reference answers). Batch: {meta['batch']} answers (dense) or"
+        " states (cuts) per step, AdamW.",
+        "",
+        "Scores on the held-out states: **AUC past the first chunk, with a reference** (the headline: the states a ready"
+        " problem's chunks reach), AUC past the first chunk, AUC on all states, the value gap (mean V on states whose"
+        " answer succeeded minus on those that failed) and the binned calibration error (10 bins).",
+        "",
+        "## The ceiling (arith): does the partial answer still agree?",
+        "",
+        "| predictor | AUC past 1st chunk, with ref | AUC past 1st chunk | AUC | gap | calibration error |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in ceilings:
+        lines.append(
+            f"| {r['condition']} | {r['auc_past_ref']:.3f} | {r['auc_past']:.3f} | {r['auc']:.3f} | {r['gap']:.3f} | {r['ece']:.3f} |"
+        )
+    lines += [
+        "",
+        "agree_canonical: P(success | the partial answer is a prefix of the worked solution, depth), fitted on the training"
+        " states; agree_reference: the same against the reference the critic is shown.",
+        "",
+        "## Critics: condition x steps",
+        "",
+        "| condition | what it is | steps | AUC past 1st chunk, with ref | AUC past 1st chunk | AUC | gap | calibration error |"
+        " fitted states | device | load |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for r in runs:
+        cond = CONDITIONS.get(r["condition"])
+        what = describe(cond) if cond else ""
+        lines.append(
+            f"| {r['condition']} | {what} | {r['steps']} | {r['auc_past_ref']:.3f} | {r['auc_past']:.3f} | {r['auc']:.3f} |"
+            f" {r['gap']:.3f} | {r['ece']:.3f} | {r['fitted_states']:,} | {r.get('device', 'cpu')} | {r.get('load', 0):.1f} |"
+        )
+    lines += ["", MARKER, ""]
+    return "\n".join(lines)
+
+
+def describe(c: Condition) -> str:
+    parts = ["dense" if c.dense else "cuts", f"lr {c.lr:g}", "ref" if c.use_reference else "no ref"]
+    if c.read_steps:
+        parts.append(f"reads {c.read_steps} steps on {c.read_on}")
+    if c.answers:
+        parts.append(f"fits {c.answers:,} answers")
+    return ", ".join(parts)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=str(ROOT / "pipelines" / "configs" / "toy.yaml"))
+    p.add_argument("--set", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"), help="config override (JSON value)")
+    p.add_argument("--out", default=str(ROOT / "bench" / "runs" / "critic_learning"))
+    p.add_argument("--conditions", nargs="+", default=list(CONDITIONS), choices=list(CONDITIONS))
+    p.add_argument("--steps", nargs="+", type=int, default=[100, 200, 500, 1000])
+    p.add_argument("--batch", type=int, default=64, help="answers (dense) or states (cuts) per step")
+    p.add_argument("--train-problems", type=int, default=3000)
+    p.add_argument("--heldout-problems", type=int, default=300)
+    p.add_argument("--samples", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the critics train (data is made on the cpu)")
+    p.add_argument("--records", help="records file (default: records.jsonl under --out)")
+    p.add_argument("--report-only", action="store_true", help="rebuild the report from the records and stop")
+    args = p.parse_args(argv)
+    args.set = [(k, _value(v)) for k, v in args.set]
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    cfg = load_cfg(args)
+    layout = bootstrap(args, cfg)
+    data = sample_answers(args, cfg, layout)
+
+    from ac2_core.models.store import ModelStore
+    from ac2_core.stages.common import Problems
+
+    ckpt = ModelStore(cfg).load(layout.bootstrap("actor"), kind="actor")
+    tok = ckpt.tokenizer
+    probs = Problems.load(layout.bootstrap("problems"))
+    train, heldout = answers_of(cfg, tok, probs, data, "train"), answers_of(cfg, tok, probs, data, "heldout")
+    print(
+        f"answers: {len(train)} train, {len(heldout)} held out; success {statistics.fmean(a.outcome for a in train):.3f};"
+        f" with a reference {statistics.fmean(a.ref is not None for a in train):.2f}; decoded {data['decoded_tokens']:,} tokens",
+        flush=True,
+    )
+    records_path = Path(args.records or Path(args.out) / "records.jsonl")
+    meta = {
+        "train": len(train),
+        "heldout": len(heldout),
+        "train_problems": args.train_problems,
+        "heldout_problems": args.heldout_problems,
+        "states": sum(len(a.cuts) for a in heldout),
+        "success": statistics.fmean(a.outcome for a in train),
+        "with_ref": statistics.fmean(a.ref is not None for a in train),
+        "decoded": data["decoded_tokens"],
+        "batch": args.batch,
+    }
+    reproduce = "nice .venv/bin/python bench/critic_learning.py --conditions " + " ".join(args.conditions)
+
+    def publish_report() -> None:
+        records = [json.loads(line) for line in records_path.read_text().splitlines() if line.strip()]
+        text = report(records, meta, reproduce)
+        kept = RESULTS.read_text().split(MARKER, 1)[1] if RESULTS.exists() and MARKER in RESULTS.read_text() else "\n"
+        publish(text.rstrip("\n") + kept, RESULTS)
+
+    if args.report_only:
+        publish_report()
+        return
+    ckpt.model.to(args.device)
+    for name, result in ceiling(cfg, tok, train, heldout).items():
+        print(f"ceiling {name}: " + "  ".join(f"{k} {v:.3f}" for k, v in result.items() if isinstance(v, float)), flush=True)
+        _append(records_path, {"condition": name, "ceiling": True, **result})
+    for name in args.conditions:
+        cond = CONDITIONS[name]
+        print(f"[{name}] {describe(cond)}", flush=True)
+        for row in train_and_score(cfg, tok, ckpt.model, train, heldout, cond, args):
+            _append(records_path, {"condition": name, "batch": args.batch, "device": args.device, "load": os.getloadavg()[0], **row})
+        publish_report()
+
+
+def _append(path: Path, record: dict) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+if __name__ == "__main__":
+    main()
