@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 3  # 2: problems.metadata; ungraded chunks (grade_error, nullable targets, metrics counts); 3: metrics critic_auc, full_rollout_tokens
+# 2: problems.metadata; ungraded chunks (grade_error, nullable targets, metrics counts)
+# 3: metrics.critic_auc and metrics.full_rollout_tokens
+SCHEMA_VERSION = 3
 
 _tokens = pa.list_(pa.int32())
 

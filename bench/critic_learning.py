@@ -102,8 +102,8 @@ def load_cfg(args):
 def bootstrap(args, cfg):
     """The toy bootstrap (cached under --out): problems, the warm-started actor."""
     from ac2_core import storage
-    from ac2_core.stages import inprocess
-    from ac2_core.stages.layout import RunLayout
+    from ac2_core.runner import inprocess
+    from ac2_core.runner.layout import RunLayout
 
     layout = RunLayout(str(Path(args.out) / "bootstrap"))
     if not storage.exists(layout.bootstrap("metrics")):
@@ -148,7 +148,10 @@ def sample_answers(args, cfg, layout) -> dict:
         )
         flat = [(r, s) for r, group in zip(rows, samples) for s in group]
         grades = grade_many(
-            cfg.task, [r for r, _ in flat], [tok.decode(s.token_ids, skip_special_tokens=True) for _, s in flat], ["bench"] * len(flat)
+            cfg.task,
+            [r for r, _ in flat],
+            [tok.decode(s.token_ids, skip_special_tokens=True) for _, s in flat],
+            ["bench"] * len(flat),
         )
         for (r, s), g in zip(flat, grades):
             entry = out["answers"].setdefault(r["problem_id"], {"labelled": [], "reference": []})
@@ -343,7 +346,13 @@ def train_and_score(cfg, tok, actor, train: list[Answer], heldout: list[Answer],
         critic.eval()
         scores = score(cfg, tok, critic, heldout, cond)
         print(f"    step {step}: " + "  ".join(f"{k} {v:.3f}" for k, v in scores.items() if isinstance(v, float)), flush=True)
-        yield {"steps": step, "cpu_s": time.process_time() - cpu0, "wall_s": time.perf_counter() - t0, "fitted_states": positions_seen, **scores}
+        yield {
+            "steps": step,
+            "cpu_s": time.process_time() - cpu0,
+            "wall_s": time.perf_counter() - t0,
+            "fitted_states": positions_seen,
+            **scores,
+        }
 
 
 def score(cfg, tok, critic, heldout: list[Answer], cond: Condition) -> dict:
@@ -393,7 +402,7 @@ def ceiling(cfg, tok, train: list[Answer], heldout: list[Answer]) -> dict[str, d
     for name, against in (("agree_canonical", lambda a: a.canonical), ("agree_reference", lambda a: a.ref_text)):
         table: dict[tuple, list[float]] = {}
 
-        def key(a, c):
+        def key(a, c, against=against):
             ref = against(a)
             if ref is None:
                 return ("noref", c)
@@ -446,9 +455,8 @@ def report(records: list[dict], meta: dict, reproduce: str) -> str:
         "|---|---:|---:|---:|---:|---:|",
     ]
     for r in ceilings:
-        lines.append(
-            f"| {r['condition']} | {r['auc_past_ref']:.3f} | {r['auc_past']:.3f} | {r['auc']:.3f} | {r['gap']:.3f} | {r['ece']:.3f} |"
-        )
+        scores = " | ".join(f"{r[k]:.3f}" for k in ("auc_past_ref", "auc_past", "auc", "gap", "ece"))
+        lines.append(f"| {r['condition']} | {scores} |")
     lines += [
         "",
         "agree_canonical: P(success | the partial answer is a prefix of the worked solution, depth), fitted on the training"
@@ -550,7 +558,9 @@ def main(argv=None) -> None:
         cond = CONDITIONS[name]
         print(f"[{name}] {describe(cond)}", flush=True)
         for row in train_and_score(cfg, tok, ckpt.model, train, heldout, cond, args):
-            _append(records_path, {"condition": name, "batch": args.batch, "device": args.device, "load": os.getloadavg()[0], **row})
+            _append(
+                records_path, {"condition": name, "batch": args.batch, "device": args.device, "load": os.getloadavg()[0], **row}
+            )
         publish_report()
 
 

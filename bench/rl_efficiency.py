@@ -355,6 +355,12 @@ def _fmt(x: float | None, spec: str) -> str:
 
 def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
     peaks, ratios = headline(runs, args.smooth)
+    standard_errors = [
+        eval_standard_error(r["val_score"], args.val_answers)
+        for recs in runs.values()
+        for r in recs
+        if r["val_score"] is not None
+    ]
     variants = [v for v in VARIANTS if any(k[0] == v for k in runs)]
     seeds = sorted({s for _, s in runs})
     lines = [
@@ -419,7 +425,7 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
         ),
         "",
         f"Evaluation noise: one evaluation grades {args.val_answers:,} answers; at the scores seen its binomial standard"
-        f" error is {_fmt(_mean([eval_standard_error(r['val_score'], args.val_answers) for recs in runs.values() for r in recs if r['val_score'] is not None]), '.4f')}"
+        f" error is {_fmt(_mean(standard_errors), '.4f')}"
         " (mean over evaluations), and a moving average of evaluations on the same problems is no less noisy than"
         " one of them in the problems it draws. A difference inside these is a tie.",
         "",
@@ -474,14 +480,19 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
             if (v, s) in runs
         ]
         within = [_mean([r.get("critic_auc") for r in runs[v, s][1:]]) for s in seeds if (v, s) in runs]
+
+        def median_of(values: list) -> str:
+            values = [x for x in values if x is not None]
+            return _fmt(statistics.median(values) if values else None, ".3f")
+
         lines.append(
             f"| {v} | {_fmt(statistics.median(per_it) if per_it else None, '.3f')}"
-            f" | {_fmt(statistics.median([x for x in saved if x is not None]) if any(x is not None for x in saved) else None, '.3f')}"
+            f" | {median_of(saved)}"
             f" | {med(v, 'chunk_token_share', '.3f')} | {med(v, 'chunk_finished_share', '.2f')}"
             f" | {med(v, 'signal_row_share', '.3f')} | {med(v, 'signal_token_share', '.3f')}"
             f" | {med(v, 'mean_abs_adv_full', '.3f')} / {med(v, 'mean_abs_adv_chunk', '.3f')}"
             f" | {med(v, 'critic_auc', '.3f')}"
-            f" | {_fmt(statistics.median([x for x in within if x is not None]) if any(x is not None for x in within) else None, '.3f')}"
+            f" | {median_of(within)}"
             f" | {med(v, 'critic_gap', '.3f')} |"
         )
     lines += [

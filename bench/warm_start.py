@@ -36,7 +36,6 @@ def step_errors(text: str) -> tuple[int, int]:
 
 def probe(cfg, *, steps: int, every: int, n_problems: int, device: str, log) -> None:
     import numpy as np
-    import torch
 
     from ac2_core.generation import generate
     from ac2_core.models.tiny import build_tiny_model
@@ -68,7 +67,9 @@ def probe(cfg, *, steps: int, every: int, n_problems: int, device: str, log) -> 
                 score += arith.grade(r["answer"], text)
                 w, n = step_errors(text)
                 wrong, written = wrong + w, written + n
-        greedy_score = sum(arith.grade(r["answer"], tok.decode(g[0].token_ids, skip_special_tokens=True)) for r, g in zip(val, greedy))
+        greedy_score = sum(
+            arith.grade(r["answer"], tok.decode(g[0].token_ids, skip_special_tokens=True)) for r, g in zip(val, greedy)
+        )
         record = {
             "sampled": score / (2 * len(val)),
             "greedy": greedy_score / len(val),
@@ -127,9 +128,15 @@ def main(argv=None) -> None:
         )
         step = [0]
 
-        def log(record, setting=setting):
+        def log(record, setting=setting, step=step):
             step[0] += args.every
-            row = {"setting": setting, "step": min(step[0], args.steps), "device": args.device, "load": os.getloadavg()[0], **record}
+            row = {
+                "setting": setting,
+                "step": min(step[0], args.steps),
+                "device": args.device,
+                "load": os.getloadavg()[0],
+                **record,
+            }
             print(json.dumps(row), flush=True)
             with out.open("a") as f:
                 f.write(json.dumps(row) + "\n")

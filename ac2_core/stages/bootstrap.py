@@ -71,7 +71,9 @@ def _initial_actor(cfg: AC2Config, rows: list[dict], device: torch.device, log: 
     train = train[: -ws.eval_problems] or train
     if ws.slip_rate:  # the demonstrations as a careless writer gives them: fixed once, seeded
         rng = np.random.default_rng([cfg.seed, cfg.task.seed])
-        train = [{**r, "solution": arith.slipped_solution(arith.terms_of(r["prompt"]), slip_rate=ws.slip_rate, rng=rng)} for r in train]
+        train = [
+            {**r, "solution": arith.slipped_solution(arith.terms_of(r["prompt"]), slip_rate=ws.slip_rate, rng=rng)} for r in train
+        ]
     stop = f", stopping early at score {ws.target_score}" if ws.target_score is not None else ""
     log(f"warm start: SFT on {len(train)} worked solutions, {ws.max_steps} steps{stop}")
     result = _sft(cfg, model, tok, train, held_out, log)

@@ -46,4 +46,3 @@ class CriticInputs:
         x = self.build(problem_id, ref_trajectory_id, response)
         head = len(x) - len(response) - 1
         return (x, head) if head >= 0 and x[head] == self.state_id and x[head + 1 :] == list(response) else None
-

@@ -104,7 +104,9 @@ class EvalStats(StageStats):
     ungraded_chunks: int
     ungraded_val: int | None
     critic_error: float | None
+    critic_auc: float | None  # of this iteration's pairs, scored before the critic trained on them
     decode_tokens: int
+    full_rollout_tokens: float  # what full rollouts of the same problems would have decoded
     decode_flops: float
     prefill_flops: float
     critic_flops: float

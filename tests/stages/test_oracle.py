@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from ac2_core import storage
 from ac2_core.models.store import ModelStore
-from ac2_core.stages import inprocess
+from ac2_core.runner import inprocess
+from ac2_core.runner.layout import RunLayout
 from ac2_core.stages.common import Problems
-from ac2_core.stages.layout import RunLayout
 from ac2_core.tasks.arith import agrees
 from tests.conftest import tiny_config
 

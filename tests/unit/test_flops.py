@@ -98,9 +98,10 @@ def test_chunk_saving_bound():
         revisit_fraction=0.5, probe_fraction=0.25, prefixes_per_problem=2, chunk_tokens=16, answer_tokens=57
     ) == pytest.approx(0.375 * 25 / 57)
     # chunks that cost more than an answer save nothing (not a negative saving)
-    assert chunk_saving_bound(
-        revisit_fraction=1.0, probe_fraction=0.0, prefixes_per_problem=2, chunk_tokens=32, answer_tokens=57
-    ) == 0.0
+    assert (
+        chunk_saving_bound(revisit_fraction=1.0, probe_fraction=0.0, prefixes_per_problem=2, chunk_tokens=32, answer_tokens=57)
+        == 0.0
+    )
     with pytest.raises(ValueError, match="answer_tokens"):
         chunk_saving_bound(revisit_fraction=1, probe_fraction=0, prefixes_per_problem=1, chunk_tokens=1, answer_tokens=0)
 
