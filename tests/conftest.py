@@ -38,6 +38,10 @@ TINY = {
     "readiness.min_pairs": 2,
     "readiness.max_error": 1.0,
     "readiness.require_mixed_outcomes": False,
+    "readiness.metric": "binned_calibration",  # an untrained critic never discriminates: keep chunk mode reachable
+    "warm_start.slip_rate": 0.0,
+    "critic.read_steps": 0,
+    "rollout.prefixes_per_problem": 2,
     "critic.warmup_iterations": 0,
     "critic.max_input_tokens": 96,
     "eval.every": 1,

@@ -280,6 +280,13 @@ class CriticConfig(Section):
     dense: bool = Field(
         False, description="fit V at every token of each finished answer in one pass over it, not only at its chunk boundaries"
     )
+    read_steps: int = Field(
+        0,
+        ge=0,
+        description="bootstrap: steps of next-token training that teach the critic's backbone to read a reference (a"
+        " demonstration continued under another of the same problem); 0: none, as for a pretrained critic",
+    )
+    read_lr: float = Field(1e-3, gt=0, description="AdamW learning rate of the reading steps (cosine to a tenth)")
     warmup_iterations: int = Field(0, ge=0, description="first iterations in full mode only, to fit the critic")
     use_reference: bool = Field(True, description="show the critic a reference solution from replay")
     max_input_tokens: int = Field(384, ge=16, description="critic input cap; the partial answer is cut from its start")
@@ -412,6 +419,7 @@ class AC2Config(Section):
             "model": self.model.model_dump(mode="json", exclude={"device"}),
             "task": self.task.model_dump(mode="json"),
             "warm_start": self.warm_start.model_dump(mode="json"),
+            "critic_reading": [self.critic.read_steps, self.critic.read_lr, self.critic.max_input_tokens],
             "eval": self.eval.model_dump(mode="json"),
             "sampling": [self.rollout.max_response_tokens, self.rollout.temperature],
         }

@@ -3,9 +3,10 @@ iteration-0 tables, so that every iteration, the first included, reads the same 
 
 - problems: the task's problems (``cfg.task``).
 - actor: a tiny Qwen3-architecture model with a byte-level tokenizer trained on the
-  task's text, warm-started by SFT on worked solutions until its sampled score reaches
-  ``warm_start.target_score`` (or a pretrained HF directory, ``model.source=pretrained``).
-- critic: the actor's backbone plus a fresh value head (V = 0.5 everywhere at first).
+  task's text, warm-started by SFT on worked solutions for ``warm_start.max_steps`` (or a
+  pretrained HF directory, ``model.source=pretrained``).
+- critic: the actor's backbone plus a fresh value head (V = 0.5 everywhere at first); with
+  ``critic.read_steps``, a copy of the backbone first learns to read a reference.
 """
 
 from __future__ import annotations
@@ -54,6 +55,71 @@ def sampled_score(model, tok, rows: list[dict], *, task: TaskConfig, max_tokens:
     return sum(rewards) / len(rewards) if rewards else 0.0  # nothing graded: the target is not shown to be reached
 
 
+def demonstrations(cfg: AC2Config, rows: list[dict], *, stream: int) -> list[str]:
+    """The worked solutions of ``rows`` as the warm start shows them: exact, or (arith with
+    ``warm_start.slip_rate``) written by a careless hand, seeded by ``stream``."""
+    slip = cfg.warm_start.slip_rate
+    if not slip:
+        return [r["solution"] for r in rows]
+    rng = np.random.default_rng([cfg.seed, cfg.task.seed, stream])
+    return [arith.slipped_solution(arith.terms_of(r["prompt"]), slip_rate=slip, rng=rng) for r in rows]
+
+
+def reading_examples(cfg: AC2Config, tok, rows: list[dict]) -> list[tuple[list[int], int]]:
+    """One per problem: the critic's input layout with one demonstration as the reference and
+    another, drawn apart, as the partial answer; the loss falls on that answer and its eos.
+
+    Where the two agree the answer can be copied from the reference; where the second has left
+    the first (a slip), it must be worked out: so the backbone learns to line an answer up with
+    a reference and to notice when the two part.
+    """
+    from ac2_core.models.critic import build_critic_input
+    from ac2_core.models.tokenizer import special_ids
+
+    ids = special_ids(tok)
+    refs, answers = demonstrations(cfg, rows, stream=1), demonstrations(cfg, rows, stream=2)
+    examples = []
+    for r, ref, answer in zip(rows, refs, answers):
+        state = tok.encode(answer, add_special_tokens=False) + [tok.eos_token_id]
+        x = build_critic_input(
+            prompt_ids(tok, r["prompt"]),
+            tok.encode(ref, add_special_tokens=False),
+            state,
+            ref_id=ids["ref"],
+            state_id=ids["state"],
+            max_tokens=cfg.critic.max_input_tokens,
+        )
+        examples.append((x, x.index(ids["state"]) + 1))  # the answer's tokens that fit (cut from its start if too long)
+    return examples
+
+
+def _initial_critic(cfg: AC2Config, actor, tok, rows: list[dict], log: Callable[[str], None]) -> Critic:
+    """The actor's backbone, after ``critic.read_steps`` of reading, with a zero value head."""
+    if not cfg.critic.read_steps:
+        return Critic.from_actor(actor, seed=cfg.seed)
+    import copy
+
+    from ac2_core.training.sft import train_lm
+
+    reader = copy.deepcopy(actor)  # the actor itself is left as it is
+    train = [r for r in rows if r["split"] == "train" and r["solution"]]
+    log(f"critic reading: {cfg.critic.read_steps} steps on {len(train)} pairs of demonstrations")
+    train_lm(
+        reader,
+        reading_examples(cfg, tok, train),
+        pad_id=tok.pad_token_id,
+        steps=cfg.critic.read_steps,
+        batch_size=cfg.warm_start.batch_size,
+        lr=cfg.critic.read_lr,
+        seed=cfg.seed,
+        eval_every=max(cfg.critic.read_steps // 4, 1),
+        min_lr_ratio=0.1,
+        log=log,
+        label="critic reading",
+    )
+    return Critic.from_actor(reader, seed=cfg.seed)
+
+
 def _initial_actor(cfg: AC2Config, rows: list[dict], device: torch.device, log: Callable[[str], None]):
     """The actor on ``device``, warm-started there."""
     if cfg.model.source == "pretrained":
@@ -69,11 +135,7 @@ def _initial_actor(cfg: AC2Config, rows: list[dict], device: torch.device, log: 
     train = [r for r in rows if r["split"] == "train" and r["solution"]]
     held_out = train[-ws.eval_problems :]  # scored, never trained on
     train = train[: -ws.eval_problems] or train
-    if ws.slip_rate:  # the demonstrations as a careless writer gives them: fixed once, seeded
-        rng = np.random.default_rng([cfg.seed, cfg.task.seed])
-        train = [
-            {**r, "solution": arith.slipped_solution(arith.terms_of(r["prompt"]), slip_rate=ws.slip_rate, rng=rng)} for r in train
-        ]
+    train = [{**r, "solution": demo} for r, demo in zip(train, demonstrations(cfg, train, stream=0))]
     stop = f", stopping early at score {ws.target_score}" if ws.target_score is not None else ""
     log(f"warm start: SFT on {len(train)} worked solutions, {ws.max_steps} steps{stop}")
     result = _sft(cfg, model, tok, train, held_out, log)
@@ -171,7 +233,9 @@ def run(
     key = cfg.bootstrap_hash()  # bootstraps are shared by runs that agree on these fields
     problems_hash = storage.write_table(out_problems, table, kind="problems", stage=STAGE, config_hash=key).content_hash
     actor_hash = store.save(out_actor, Checkpoint("actor", model, tok, 0), stage=STAGE, config_hash=key)
-    critic_ckpt = Checkpoint("critic", Critic.from_actor(model, seed=cfg.seed), tok, 0)
+    with torch.random.fork_rng():
+        torch.manual_seed(cfg.seed)
+        critic_ckpt = Checkpoint("critic", _initial_critic(cfg, model, tok, rows, log), tok, 0)
     critic_hash = store.save(out_critic, critic_ckpt, stage=STAGE, config_hash=key)
     for kind, uri in (("replay", out_replay), ("scored_chunks", out_scored_chunks), ("readiness", out_readiness)):
         storage.write_table(uri, storage.table_from_rows([], kind), kind=kind, stage=STAGE, config_hash=key)

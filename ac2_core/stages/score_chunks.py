@@ -104,8 +104,13 @@ def run(
         from ac2_core.stages.critic_io import CriticInputs
 
         builder = CriticInputs(cfg, tok, probs, read(replay, "replay"))
-        inputs = [builder.build(r.problem_id, r.ref, r.state) for r in requests]
-        _apply_critic(cfg, store.load(critic, kind="critic"), critic, requests, inputs, scored, pairs)
+        ckpt = store.load(critic, kind="critic")
+        one_by_one = requests
+        if cfg.critic.dense and cfg.critic.scoring_backend == "hf":
+            one_by_one = _apply_critic_along(cfg, ckpt, builder, requests, scored, pairs)  # returns what it could not
+        if one_by_one:
+            inputs = [builder.build(r.problem_id, r.ref, r.state) for r in one_by_one]
+            _apply_critic(cfg, ckpt, critic, one_by_one, inputs, scored, pairs)
     elif requests:
         _apply_oracle(probs, tok, requests, scored, pairs)
     scored_hash = write(cfg, STAGE, out_scored_chunks, scored, "scored_chunks")
@@ -205,6 +210,45 @@ def _apply_oracle(probs: Problems, tok, requests: list[CriticRequest], scored: l
         if key not in texts:
             texts[key] = tok.decode(r.state, skip_special_tokens=True)
         _put(r, oracle_value(probs[r.problem_id]["solution"], texts[key], depths, rates), scored, pairs)
+
+
+def _apply_critic_along(cfg: AC2Config, ckpt, builder, requests: list[CriticRequest], scored, pairs) -> list[CriticRequest]:
+    """Score every request of a chunk in one pass over its whole response (``critic.dense``):
+    each state asked for is a prefix of the response, and the causal critic's value at the
+    state's last token is the value of that state alone. Returns the requests of chunks whose
+    input had to be cut (``max_input_tokens``): those are scored one state at a time."""
+    from ac2_core.generation.scoring import score_positions
+    from ac2_core.math import attention_width, count_non_embedding_params, critic_flops
+
+    by_row: dict[int, list[CriticRequest]] = {}
+    for r in requests:
+        by_row.setdefault(r.row, []).append(r)
+    passes, left = [], []
+    for row, rs in by_row.items():
+        along = builder.build_along(rs[0].problem_id, rs[0].ref, scored[row]["response_token_ids"])
+        if along is None:
+            left += rs
+            continue
+        x, head = along
+        passes.append((row, rs, x, [head + len(r.state) for r in rs]))
+    values = score_positions(
+        ckpt.model,
+        [(x, positions) for _, _, x, positions in passes],
+        pad_id=ckpt.tokenizer.pad_token_id,
+        batch_size=cfg.critic.score_batch_size,
+    )
+    n_params = count_non_embedding_params(ckpt.model)
+    n_layers, d_attn = attention_width(ckpt.model.backbone.config)
+    charged = set()
+    for (row, rs, x, positions), vs in zip(passes, values):
+        for r, position, v in zip(rs, positions, vs):
+            _put(r, v, scored, pairs)
+            if r.field == "prediction":
+                pairs[r.pair]["critic_tokens"] = position + 1
+        if tuple(x) not in charged:  # identical responses are run once; charge the first
+            charged.add(tuple(x))
+            scored[row]["critic_flops"] += critic_flops(n_params=n_params, n_layers=n_layers, d_attn=d_attn, n_tokens=len(x))
+    return left
 
 
 def _apply_critic(cfg: AC2Config, ckpt, critic_uri: str, requests: list[CriticRequest], inputs, scored, pairs) -> None:

@@ -23,7 +23,24 @@ def sft_warm_start(
     tokenizer: PreTrainedTokenizerBase,
     prompts: list[str],
     solutions: list[str],
+    **kwargs,
+) -> dict:
+    """Train ``model`` in place on ``prompt + solution + eos`` (see ``train_lm`` for the rest).
+
+    The loss is next-token cross-entropy on the solution and eos tokens only.
+    """
+    if len(prompts) != len(solutions) or not prompts:
+        raise ValueError(f"prompts and solutions: expected equal non-zero lengths, found {len(prompts)} and {len(solutions)}")
+    return train_lm(
+        model, [_example(tokenizer, p, s) for p, s in zip(prompts, solutions)], pad_id=tokenizer.pad_token_id, **kwargs
+    )
+
+
+def train_lm(
+    model: PreTrainedModel,
+    examples: list[tuple[list[int], int]],
     *,
+    pad_id: int,
     steps: int,
     batch_size: int,
     lr: float,
@@ -33,20 +50,20 @@ def sft_warm_start(
     target_score: float | None = None,
     min_lr_ratio: float = 1.0,
     log: Callable[[str], None] = print,
+    label: str = "warm start",
 ) -> dict:
-    """Train ``model`` in place on ``prompt + solution + eos`` for at most ``steps`` steps.
+    """Train ``model`` in place for at most ``steps`` steps on token-id ``examples``:
+    ``(ids, n)`` is fitted by next-token cross-entropy on ``ids[n:]`` (what follows the first ``n``).
 
-    The loss is next-token cross-entropy on the solution and eos tokens only. Every
-    ``eval_every`` steps (and after the last step) ``eval_fn(model)`` is called with the
+    Every ``eval_every`` steps (and after the last step) ``eval_fn(model)`` is called with the
     model in eval mode; with a ``target_score``, training stops at the first score >= it.
     Returns ``{"steps": steps taken, "score": last score or None, "history": [...]}``,
     one history entry ``{"step", "loss", "score"}`` per report. The model ends in eval mode.
     """
-    if len(prompts) != len(solutions) or not prompts:
-        raise ValueError(f"prompts and solutions: expected equal non-zero lengths, found {len(prompts)} and {len(solutions)}")
+    if not examples:
+        raise ValueError("no examples to train on")
     if steps < 0 or batch_size < 1 or eval_every < 1:
         raise ValueError(f"expected steps >= 0, batch_size >= 1, eval_every >= 1; found {steps}, {batch_size}, {eval_every}")
-    examples = [_example(tokenizer, p, s) for p, s in zip(prompts, solutions)]
     device = next(model.parameters()).device
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     # cosine from lr to min_lr_ratio * lr over the planned steps
@@ -61,7 +78,7 @@ def sft_warm_start(
     model.train()
     while step < steps:
         batch = [examples[i] for i in next(order)]
-        input_ids, attention_mask, loss_mask = _collate(batch, tokenizer.pad_token_id, device)
+        input_ids, attention_mask, loss_mask = _collate(batch, pad_id, device)
         loss = _loss(model, input_ids, attention_mask, loss_mask)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -79,9 +96,9 @@ def sft_warm_start(
         losses = []
         history.append({"step": step, "loss": mean_loss, "score": score})
         shown = "" if eval_fn is None else f" score {score:.2f}"
-        log(f"warm start step {step}/{steps} loss {mean_loss:.3f}{shown}")
+        log(f"{label} step {step}/{steps} loss {mean_loss:.3f}{shown}")
         if target_score is not None and score is not None and score >= target_score:
-            log(f"warm start reached score {score:.2f} >= target {target_score:.2f} at step {step}")
+            log(f"{label} reached score {score:.2f} >= target {target_score:.2f} at step {step}")
             break
     model.eval()
     return {"steps": step, "score": score, "history": history}
