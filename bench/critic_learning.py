@@ -62,6 +62,7 @@ class Condition:
     read_on: str = "answers"  # answers: sampled answers under their references; demos: worked solutions copied;
     # slipdemos: one slipped worked solution read under another of the same problem (no decoding needed)
     answers: int | None = None  # fit the value on the first this many training answers (None: all)
+    backbone: str = "actor"  # actor: the warm-started actor's; bootstrap: the bootstrap's critic (critic.read_steps)
     note: str = ""
     overrides: dict = field(default_factory=dict)  # reserved for critic options of the library
 
@@ -87,6 +88,8 @@ CONDITIONS: dict[str, Condition] = {
     "readslip_dense_noref": Condition(dense=True, lr=3e-4, read_steps=1000, read_on="slipdemos", use_reference=False),
     "readslip_dense_2k": Condition(dense=True, lr=3e-4, read_steps=1000, read_on="slipdemos", answers=2000),
     "dense_2k": Condition(dense=True, lr=3e-4, answers=2000),
+    "bootstrap_dense": Condition(dense=True, lr=3e-4, backbone="bootstrap", note="the bootstrap's critic (it read)"),
+    "bootstrap_dense_noref": Condition(dense=True, lr=3e-4, backbone="bootstrap", use_reference=False),
 }
 
 
@@ -254,12 +257,17 @@ def examples(cfg, tok, answers: list[Answer], cond: Condition) -> list[tuple[lis
     return out
 
 
-def make_critic(cfg, actor, tok, answers: list[Answer], cond: Condition, seed: int):
+def make_critic(cfg, actor, tok, answers: list[Answer], cond: Condition, seed: int, bootstrap_critic: str):
     """The critic: the actor's backbone (after ``read_steps`` of reference reading) and a zero head."""
     import torch
 
     from ac2_core.models.critic import Critic
 
+    if cond.backbone == "bootstrap":  # the library's own critic, as the bootstrap made it (it reads when the config says)
+        from ac2_core.models.store import ModelStore
+
+        critic = ModelStore(cfg).load(bootstrap_critic, kind="critic").model
+        return critic.train().to(device=next(actor.parameters()).device, dtype=torch.float32)
     backbone_src = actor
     if cond.read_steps:
         backbone_src = copy.deepcopy(actor)
@@ -321,7 +329,9 @@ def train_and_score(cfg, tok, actor, train: list[Answer], heldout: list[Answer],
 
     from ac2_core.math import critic_bce_loss
 
-    critic = make_critic(cfg, actor, tok, train, cond, seed=args.seed)
+    critic = make_critic(
+        cfg, actor, tok, train, cond, seed=args.seed, bootstrap_critic=str(Path(args.out) / "bootstrap" / "bootstrap" / "critic")
+    )
     data = examples(cfg, tok, train[: cond.answers], cond)
     opt = torch.optim.AdamW(critic.parameters(), lr=cond.lr)
     rng = np.random.default_rng(args.seed)
@@ -485,6 +495,8 @@ def describe(c: Condition) -> str:
         parts.append(f"reads {c.read_steps} steps on {c.read_on}")
     if c.answers:
         parts.append(f"fits {c.answers:,} answers")
+    if c.backbone == "bootstrap":
+        parts.append("the bootstrap's critic")
     return ", ".join(parts)
 
 

@@ -59,7 +59,7 @@ VARIANTS: dict[str, dict] = {
 }
 MAIN = ["ac2", "ac2_oracle", "grpo", "grpo_skip"]
 # The benchmark's size: the toy config with a shorter run and a denser, smaller evaluation.
-BENCH_SIZE = {"run.iterations": 40, "eval.every": 2, "eval.samples_per_problem": 2, "run.keep_models": 1}
+BENCH_SIZE = {"run.iterations": 40, "run.keep_models": 1}
 
 
 def parse_value(text: str):
@@ -147,7 +147,7 @@ def make_bootstrap(args: argparse.Namespace) -> None:
     boot = bootstrap_layout(args)
     if storage.exists(boot.bootstrap("metrics")):
         return
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(args.threads)
     cfg = configs_for(args, args.bootstrap_seed)[args.variants[0]]
     t0 = time.perf_counter()
     inprocess.run_bootstrap(cfg, boot, log=lambda m: print(f"[bootstrap] {m}", flush=True))
