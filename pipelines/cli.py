@@ -81,8 +81,29 @@ def cmd_run(args) -> int:
 
 def cmd_validate(args) -> int:
     cfg = _config(args)
-    print(json.dumps({"ok": True, "algorithm": cfg.algorithm, "config_hash": cfg.config_hash()}))
+    report = {"ok": True, "algorithm": cfg.algorithm, "config_hash": cfg.config_hash()}
+    if cfg.uses_critic:
+        report.update(_saving_bound(cfg))
+    print(json.dumps(report))
     return 0
+
+
+def _saving_bound(cfg: AC2Config) -> dict:
+    """The most decoding chunk mode can save per iteration, against full rollouts of the same problems."""
+    from ac2_core.math.savings import chunk_saving_bound
+    from ac2_core.tasks import built_in_answer_tokens
+
+    answer = built_in_answer_tokens(cfg.task)  # the worked solutions' mean length; unknown for loaded data
+    r = cfg.rollout
+    bound = chunk_saving_bound(
+        revisit_fraction=r.revisit_fraction,
+        probe_fraction=r.probe_fraction,
+        prefixes_per_problem=r.prefixes_per_problem,
+        chunk_tokens=r.chunk_tokens,
+        answer_tokens=answer or r.max_response_tokens,
+    )
+    # with max_response_tokens for the answer length the figure is an upper bound of the bound
+    return {"chunk_saving_bound": round(bound, 4), "answer_tokens": answer or f"<= {r.max_response_tokens}"}
 
 
 def cmd_compile(args) -> int:

@@ -141,6 +141,15 @@ def problems_for(cfg: TaskConfig) -> pa.Table:
             raise ValueError(f"task.name: unknown task {cfg.name!r}; known tasks: arith, math, proof")
 
 
+def built_in_answer_tokens(cfg: TaskConfig) -> float | None:
+    """Mean tokens of a worked solution plus eos for the built-in task (one token per character
+    with the tiny model's tokenizer); None for loaded data, whose answers are not known before sampling."""
+    if cfg.name != "arith":
+        return None
+    solutions = problems_for(cfg).column("solution").to_pylist()
+    return sum(len(s) + 1 for s in solutions) / len(solutions)
+
+
 def _loaded(cfg: TaskConfig) -> pa.Table:
     """``cfg.data``, split by ``val_fraction``; or, with ``cfg.val_data``, data for training
     and val_data for validation, less any training problem whose text is also in val_data."""

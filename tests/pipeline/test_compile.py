@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 from kfp import components
@@ -154,3 +156,20 @@ def test_compile_command_writes_yaml_and_refuses_a_bad_config(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith(f"ac2: invalid config {bad}:") and "algorithm" in err
     assert not (tmp_path / "x.yaml").exists() and not (tmp_path / "run").exists()
+
+
+def test_validate_prints_the_most_chunk_mode_can_save(tmp_path, capsys):
+    import json
+
+    from pipelines.cli import main
+
+    toy = Path(__file__).resolve().parents[2] / "pipelines" / "configs" / "toy.yaml"
+    # the toy as it was: 6 terms (answers of ~57 tokens), 2 prefixes of 16, half revisits, a quarter probes
+    argv = ["validate", "--config", str(toy), "--set", "task.n_terms=6", "--set", "rollout.prefixes_per_problem=2"]
+    argv += ["--set", "rollout.revisit_fraction=0.5", "--set", "rollout.probe_fraction=0.25"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert 55 < report["answer_tokens"] < 59
+    assert report["chunk_saving_bound"] == pytest.approx(0.5 * 0.75 * (1 - 32 / report["answer_tokens"]), abs=1e-4)
+    assert main(["validate", "--config", str(toy), "--set", "algorithm=grpo"]) == 0
+    assert "chunk_saving_bound" not in json.loads(capsys.readouterr().out)  # GRPO has no chunk mode
