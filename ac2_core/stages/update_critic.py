@@ -30,8 +30,9 @@ def training_examples(cfg: AC2Config, builder: CriticInputs, pairs: list[dict], 
 
     A pair fits its state's last token. With ``critic.dense`` the states of one finished
     answer are fitted in one input, the whole answer, at every token: position ``head + c``
-    ends the state of ``c`` tokens (the backbone is causal), each weighted so that the answer
-    weighs as much as its pairs. An answer whose input had to be cut keeps its pairs.
+    ends the state of ``c`` tokens (the backbone is causal), each at weight ``1/L``, so that an
+    answer weighs about as much as its pairs (one per ``L`` tokens). An answer whose input
+    had to be cut keeps its pairs.
 
     The G samples of a group share their early states, so many inputs are the same. They are
     merged into one example per (input, position) with the weighted mean target and the
@@ -46,8 +47,10 @@ def training_examples(cfg: AC2Config, builder: CriticInputs, pairs: list[dict], 
         along = builder.build_along(ps[0]["problem_id"], ps[0]["ref_trajectory_id"], response[tid]) if cfg.critic.dense else None
         if along is not None:
             x, head = along
-            n = len(response[tid])
-            fits.extend((x, head + c, ps[0]["outcome"], len(ps) / n) for c in range(n))
+            # each state weighs 1/L, the same for every answer: a state that several answers share
+            # is fitted to their mean outcome, and an answer weighs about its number of pairs
+            weight = 1.0 / cfg.rollout.chunk_tokens
+            fits.extend((x, head + c, ps[0]["outcome"], weight) for c in range(len(response[tid])))
             continue
         for p in ps:
             x = builder.build(p["problem_id"], p["ref_trajectory_id"], response[tid][: p["cut"]])

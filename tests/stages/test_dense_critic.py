@@ -53,3 +53,46 @@ def test_one_pass_per_answer_gives_the_values_of_one_pass_per_state(run_dir, tmp
     responses = {(r["problem_id"], tuple(r["response_token_ids"])) for r in dense_rows}
     assert sum(r["critic_flops"] > 0 for r in dense_rows) == len(responses)
     assert dense_stats.critic_inputs == state_stats.critic_inputs > 0
+
+
+def test_dense_examples_fit_every_state_of_an_answer_at_the_weight_of_its_pairs(run_dir):
+    from ac2_core.stages.common import Problems
+    from ac2_core.stages.critic_io import CriticInputs
+    from ac2_core.stages.update_critic import training_examples
+
+    cfg = tiny_config(critic__max_input_tokens=128)
+    layout = RunLayout(str(run_dir))
+    store = ModelStore(cfg)
+    for call in inprocess.stage_calls(cfg, layout, 1):
+        if call.stage in ("sample_prefixes", "generate_chunks", "score_chunks"):
+            call.run(cfg, store=store)
+    read = lambda name: storage.read_rows(layout.output(1, name), kind=name)  # noqa: E731
+    scored, pairs = read("scored_chunks"), read("critic_pairs")
+    # the untrained tiny policy solves nothing: give every other answer a success, so that a
+    # state fitted with the wrong answer's outcome would show
+    won = sorted({p["trajectory_id"] for p in pairs})[::2]
+    pairs = [{**p, "outcome": float(p["trajectory_id"] in won)} for p in pairs]
+    tok = store.tokenizer(layout.bootstrap("actor"), kind="actor")
+    builder = CriticInputs(cfg, tok, Problems.load(layout.bootstrap("problems")), read("replay"))
+    by_state = training_examples(
+        cfg.model_copy(update={"critic": cfg.critic.model_copy(update={"dense": False})}), builder, pairs, scored
+    )
+    dense = training_examples(cfg, builder, pairs, scored)
+    # every pair's state is fitted in the dense examples too, at its last token, with its outcome
+    # (the G answers of a group share early states: compare the weighted mean target of each state)
+    fitted: dict[tuple, list[float]] = {}
+    for x, at in dense:
+        for position, target, weight in at:
+            acc = fitted.setdefault(tuple(x[: position + 1]), [0.0, 0.0])
+            acc[0] += weight * target
+            acc[1] += weight
+    outcomes = {p["outcome"] for p in pairs}
+    for x, at in by_state:
+        ((position, target, _),) = at
+        assert position == len(x) - 1 and fitted[tuple(x)][0] / fitted[tuple(x)][1] == pytest.approx(target)
+    # and each answer weighs about as much as its pairs: 1/L a token, one pair per L tokens (or part of L)
+    answers = {p["trajectory_id"] for p in pairs}
+    total_dense, total_pairs = (sum(w for _, at in ex for _, _, w in at) for ex in (dense, by_state))
+    assert total_pairs - len(answers) <= total_dense <= total_pairs
+    assert sum(len(at) for _, at in dense) > sum(len(at) for _, at in by_state)  # more states than chunk boundaries
+    assert outcomes == {0.0, 1.0}  # both outcomes, so a wrong pairing of states and targets would show
