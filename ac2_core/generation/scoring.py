@@ -12,20 +12,29 @@ import torch
 @torch.no_grad()
 def score_inputs(critic, inputs: list[list[int]], *, pad_id: int, batch_size: int) -> list[float]:
     """V in [0, 1] for each input (a list of token ids), in input order."""
-    unique = sorted(set(map(tuple, inputs)), key=lambda x: (len(x), x))
     values: dict[tuple, float] = {}
-    device = next(critic.parameters()).device
-    for start in range(0, len(unique), batch_size):
-        batch = unique[start : start + batch_size]
-        width = max(len(x) for x in batch)
-        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, x in enumerate(batch):
-            ids[i, : len(x)] = torch.tensor(x)
-            mask[i, : len(x)] = 1
-        v = critic.values(ids.to(device), mask.to(device)).float().cpu().tolist()
-        values.update(zip(batch, v))
+    for batch in score_plan(inputs, batch_size=batch_size):
+        values.update(zip(batch, score_batch(critic, batch, pad_id=pad_id)))
     return [values[tuple(x)] for x in inputs]
+
+
+def score_plan(inputs: list[list[int]], *, batch_size: int) -> list[list[tuple]]:
+    """The batches ``score_inputs`` runs: the distinct inputs, sorted by length, cut into batches."""
+    unique = sorted(set(map(tuple, inputs)), key=lambda x: (len(x), x))
+    return [unique[start : start + batch_size] for start in range(0, len(unique), batch_size)]
+
+
+@torch.no_grad()
+def score_batch(critic, batch: list[tuple], *, pad_id: int) -> list[float]:
+    """V of each input of one batch, right-padded to the batch's longest."""
+    device = next(critic.parameters()).device
+    width = max(len(x) for x in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for i, x in enumerate(batch):
+        ids[i, : len(x)] = torch.tensor(x)
+        mask[i, : len(x)] = 1
+    return critic.values(ids.to(device), mask.to(device)).float().cpu().tolist()
 
 
 def unique_inputs(inputs: list[list[int]]) -> list[tuple]:
