@@ -10,11 +10,13 @@ stage runs from the same artifacts:
 - in 2 processes under torchrun (``training.num_processes: 2``).
 
 Seconds are the stage's wall time, loading and saving the checkpoint included; the
-launched rows include starting the processes (torchrun, imports). Reproduce:
+launched rows include starting the processes (torchrun, imports). Run it with
+``OMP_NUM_THREADS=1`` so that every process has one thread, as torchrun gives each of
+several. Reproduce:
 
     .venv/bin/ac2 run --config pipelines/configs/toy.yaml --out /tmp/toy2 --runner inprocess --iterations 2 \\
         --set warm_start.max_steps=50
-    .venv/bin/python -m bench.data_parallel --run /tmp/toy2
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.data_parallel --run /tmp/toy2
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ def _advantages(base: dict, kwargs: dict, work: Path) -> None:
 def _gap(a: Path, b: Path, kind: str) -> float:
     store = ModelStore(load_config(TOY))
     x, y = (store.load(str(o / f"out_{kind}"), kind=kind).model for o in (a, b))
-    return max(float((p - q).abs().max()) for p, q in zip(x.parameters(), y.parameters()))
+    return max(float((p - q).detach().abs().max()) for p, q in zip(x.parameters(), y.parameters()))
 
 
 def _report(rows, gaps, args) -> str:
@@ -96,6 +98,8 @@ def _report(rows, gaps, args) -> str:
         "",
         f"{time.strftime('%d %b %Y')}, {os.cpu_count()} cores ({platform.machine()}), torch {torch.__version__};"
         f" the fastest of {args.repeats} runs of each. Iteration 2 of a toy run, advantages against the critic baseline.",
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')} (torchrun sets 1 for each of several processes"
+        " when unset; on a busy machine OpenMP threads that spin for a core slow one process down).",
         "",
         "| setting | update_actor s | update_critic s | trained chunks | actor loss | critic loss (last) | load average |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -109,7 +113,7 @@ def _report(rows, gaps, args) -> str:
     lines += ["", "Largest weight gap to the stage's own process:", ""]
     for label, g in gaps.items():
         lines.append(f"- {label}: actor {g['actor']:.2g}, critic {g['critic']:.2g}")
-    lines += ["", "Reproduce: `.venv/bin/python -m bench.data_parallel --run RUN_DIR`", ""]
+    lines += ["", "Reproduce: `OMP_NUM_THREADS=1 .venv/bin/python -m bench.data_parallel --run RUN_DIR`", ""]
     return "\n".join(lines)
 
 
