@@ -17,6 +17,17 @@ QWEN3_4B = ROOT / "pipelines" / "configs" / "qwen3-4b-architecture.json"
 GPU_TASKS = {"cluster": {"gpu": {"accelerator_count": 2}}}
 
 
+def test_the_roles_name_the_recipes_stages_that_hold_models():
+    from ac2_core.config.parallel import GENERATION_STAGES, SCORING_STAGES, TRAINING_STAGES, role_of
+    from ac2_core.stages.recipe import BY_NAME, ITERATION
+
+    assert set(TRAINING_STAGES + SCORING_STAGES + GENERATION_STAGES) <= set(BY_NAME)
+    # every iteration stage that loads a model has a role, and the updates are the ones that train
+    assert {s.name for s in ITERATION if s.models and role_of(s.name) is None} == set()
+    assert {s.name for s in ITERATION if s.outputs in (("actor",), ("critic",))} == set(TRAINING_STAGES)
+    assert role_of("sample_prefixes") is None and role_of("check_readiness") is None
+
+
 def test_unset_process_counts_follow_the_gpus_of_the_task():
     cfg = tiny_config(generation__backend="vllm", generation__tensor_parallel_size=2)
     assert layout(cfg, "train").resolve(8) == 8 and layout(cfg, "train").resolve(0) == 1
