@@ -3,6 +3,7 @@
     ac2 run      --config C [--iterations N] [--out DIR] [--runner kfp|inprocess] [--bootstrap-from RUN_DIR]
                  [--cold-tasks]
     ac2 validate --config C
+    ac2 plan     --config C --gpus N [--arch CONFIG_JSON] [--prompt-tokens T] [--response-tokens T] [--ready-share S]
     ac2 compile  --config C --out FILE [--pipeline iteration|bootstrap]
     ac2 submit   --host URL --config C [--iterations N] [--experiment NAME] [--pipeline-root URI] [--dry-run]
     ac2 stage    NAME --config C --in KEY=URI ... --out KEY=URI ... [--iteration K]
@@ -106,6 +107,16 @@ def _saving_bound(cfg: AC2Config) -> dict:
     return {"chunk_saving_bound": round(bound, 4), "answer_tokens": answer or f"<= {r.max_response_tokens}"}
 
 
+def cmd_plan(args) -> int:
+    from ac2_core.plan import Architecture, Shape, make_plan, render
+
+    cfg = _config(args)
+    shape = Shape(prompt_tokens=args.prompt_tokens, response_tokens=args.response_tokens, ready_share=args.ready_share)
+    plan = make_plan(cfg, gpus=args.gpus, arch=Architecture.of(cfg, args.arch), shape=shape)
+    print(render(plan, cfg, shape), end="")
+    return 0
+
+
 def cmd_compile(args) -> int:
     from pipelines.compile import compile_pipeline
 
@@ -195,6 +206,17 @@ def _add_run(sub) -> None:
     r.set_defaults(fn=cmd_run)
 
 
+def _add_plan(sub) -> None:
+    pl = sub.add_parser("plan", help="memory per GPU, FLOPs and time of one iteration on N GPUs per task (docs/scale.md)")
+    _with_config(pl)
+    pl.add_argument("--gpus", type=int, required=True, help="GPUs of each GPU stage's task")
+    pl.add_argument("--arch", help="an HF config.json to size the model from (default: model.path's, or the tiny model's)")
+    pl.add_argument("--prompt-tokens", type=int, default=512, help="tokens of a prompt (default 512)")
+    pl.add_argument("--response-tokens", type=int, help="decoded tokens of a full answer (default: rollout.max_response_tokens)")
+    pl.add_argument("--ready-share", type=float, default=0.0, help="share of problems in chunk mode (default 0: all full)")
+    pl.set_defaults(fn=cmd_plan)
+
+
 def _add_compile_and_submit(sub) -> None:
     c = sub.add_parser("compile", help="write a pipeline's KFP IR YAML (the config becomes config_json's default)")
     _with_config(c)
@@ -232,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("validate", help="check a config and print its hash")
     _with_config(v)
     v.set_defaults(fn=cmd_validate)
+    _add_plan(sub)
     _add_compile_and_submit(sub)
     _add_stage(sub)
     rp = sub.add_parser("report", help="learning_curve.png and report.md of a run folder (either runner)")

@@ -4,8 +4,9 @@ Every knob of the algorithm (docs/design.md section 2) lives here, documented in
 line. The tree is frozen and forbids unknown keys, so a typo or an out-of-range value
 fails before any model loads, with a message that names the field
 (``rollout.group_size``). The config travels to every stage as one JSON document
-(``AC2Config.model_dump_json``). The sections shared by all (``base``) and the Kubernetes
-settings of the ``cluster`` section (``cluster``) have modules of their own.
+(``AC2Config.model_dump_json``). The sections shared by all (``base``), the Kubernetes
+settings of the ``cluster`` section (``cluster``) and how a stage's work spreads over
+processes and the GPUs its task gets (``parallel``) have modules of their own.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from ac2_core.config.base import ConfigError, Section, plain_url
 from ac2_core.config.cluster import ClusterConfig
+from ac2_core.config.parallel import check_gpu_fit
 
 
 class TinyModelConfig(Section):
@@ -308,12 +310,37 @@ class GenerationConfig(Section):
     enforce_eager: bool = Field(False, description="vllm: no CUDA graphs or compilation (set true on CPU)")
     tensor_parallel_size: int = Field(1, ge=1, description="vllm: GPUs one engine shards the model over")
     max_model_len: int | None = Field(None, ge=16, description="vllm: longest prompt + answer; unset: the model's own limit")
+    num_processes: int | None = Field(
+        None,
+        ge=1,
+        description="processes that generate and score critic inputs, each on its own GPUs (hf: batches dealt out;"
+        " vllm: an engine each over tensor_parallel_size GPUs); unset: the task's GPUs / tensor_parallel_size, 1 on CPU",
+    )
+    launch: Literal["auto", "always"] = Field(
+        "auto", description="auto: one process works inside the stage's own; always: start even one as a separate process"
+    )
 
 
 class TrainingConfig(Section):
     backend: Literal["torch", "deepspeed"] = Field("torch", description="optimizer loop: torch, or deepspeed (ac2[deepspeed])")
     zero_stage: int = Field(2, ge=0, le=3, description="deepspeed: ZeRO stage 0-3 (partition optimizer state, grads, params)")
     gradient_checkpointing: bool = Field(False, description="deepspeed: recompute activations in backward to save memory")
+    num_processes: int | None = Field(
+        None, ge=1, description="data-parallel processes of update_actor and update_critic; unset: the task's GPUs, 1 on CPU"
+    )
+    launch: Literal["auto", "always"] = Field(
+        "auto",
+        description="auto: one process trains inside the stage's own, more start under torchrun; always: torchrun even for one",
+    )
+
+    @model_validator(mode="after")
+    def _zero_stage_0_is_one_process(self) -> TrainingConfig:
+        if self.backend == "deepspeed" and self.zero_stage == 0 and (self.num_processes or 1) > 1:
+            raise ValueError(
+                f"num_processes ({self.num_processes}) needs training.zero_stage 1-3 with deepspeed;"
+                " for replicated data parallelism use training.backend torch"
+            )
+        return self
 
 
 class EvalConfig(Section):
@@ -396,6 +423,11 @@ class AC2Config(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _parallelism_fits_the_cluster(self) -> AC2Config:
+        check_gpu_fit(self)
+        return self
+
     @property
     def uses_critic(self) -> bool:
         return self.algorithm == "ac2"
@@ -404,7 +436,14 @@ class AC2Config(Section):
         """sha256 of the canonical JSON form: identical configs hash identically."""
         # storage, cluster and model.device say where artifacts live and where stages run, not what they
         # compute: not hashed. (One config serves a pipeline's GPU and CPU tasks alike: device auto.)
-        where = {"storage": True, "cluster": True, "model": {"device"}}
+        # Nor do the process counts: N processes take the step one process takes (the same weights up to float rounding).
+        where = {
+            "storage": True,
+            "cluster": True,
+            "model": {"device"},
+            "training": {"num_processes", "launch"},
+            "generation": {"num_processes", "launch"},
+        }
         canonical = json.dumps(self.model_dump(mode="json", exclude=where), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ac2_core.generation import sharded
 from ac2_core.generation.hf import Sample, generate
 
 
@@ -25,9 +26,14 @@ def generate_for(
     the checkpoint published at ``model_uri`` (vllm, which loads weights from files).
 
     A model that exists only in memory (``model_uri`` None: the bootstrap's warm start)
-    is always decoded by hf, since vLLM can only load published weights.
+    is always decoded by hf, in this process, since vLLM and other processes can only load
+    published weights. With several generating processes (``generation.num_processes``)
+    the work is shared out among them (``generation.sharded``), with the same samples.
     """
     backend = cfg.generation.backend if model_uri is not None else "hf"
+    if model_uri is not None and sharded.wanted(cfg, "generate"):  # generation.num_processes processes
+        kw = dict(n=n, eos_id=eos_id, pad_id=pad_id, seed=seed, temperature=temperature, progress=progress)
+        return sharded.generate(cfg, model_uri, contexts, budgets, **kw)
     match backend:
         case "hf":
             return generate(

@@ -52,6 +52,24 @@ def generate(
     contexts: P lists of token ids (prompt + prefix). budgets: P ints.
     Returns P lists of ``n`` samples, in input order.
     """
+    batches = batch_plan(contexts, budgets, n=n, batch_size=batch_size)
+    out: list[list[Sample | None]] = [[None] * n for _ in contexts]
+    done, total = 0, len(contexts) * n
+    for b, batch in enumerate(batches):
+        samples = decode_batch(
+            model, contexts, budgets, batch, b, eos_id=eos_id, pad_id=pad_id, seed=seed, temperature=temperature, greedy=greedy
+        )
+        for (p, j), s in zip(batch, samples):
+            out[p][j] = s
+        done += len(batch)
+        if progress:
+            progress(done, total)
+    return out  # type: ignore[return-value]
+
+
+def batch_plan(contexts: list[list[int]], budgets: list[int], *, n: int, batch_size: int) -> list[list[tuple[int, int]]]:
+    """The batches ``generate`` decodes, as (context, sample) index pairs; batch ``b`` samples
+    from seed stream ``b``, so any process that decodes batch ``b`` decodes the same rows."""
     if len(contexts) != len(budgets):
         raise ValueError(f"{len(contexts)} contexts but {len(budgets)} budgets")
     if any(not c for c in contexts):
@@ -59,27 +77,25 @@ def generate(
     rows = [(p, j) for p in range(len(contexts)) for j in range(n)]
     # Rows of one budget decode together, so short chunks never wait for full answers.
     rows.sort(key=lambda r: (budgets[r[0]], r[0], r[1]))
-    out: list[list[Sample | None]] = [[None] * n for _ in contexts]
-    done = 0
+    return [rows[start : start + batch_size] for start in range(0, len(rows), batch_size)]
+
+
+def decode_batch(
+    model, contexts, budgets, batch: list[tuple[int, int]], b: int, *, eos_id, pad_id, seed, temperature, greedy
+) -> list[Sample]:
+    """The samples of batch ``b`` of ``batch_plan``, in its row order, each clipped to its budget."""
     device = next(model.parameters()).device
-    for b, start in enumerate(range(0, len(rows), batch_size)):
-        batch = rows[start : start + batch_size]
-        samples = _decode_batch(
-            model,
-            [contexts[p] for p, _ in batch],
-            max(budgets[p] for p, _ in batch),
-            eos_id=eos_id,
-            pad_id=pad_id,
-            generator=torch.Generator(device=device).manual_seed(_seed_for(seed, b)),
-            temperature=temperature,
-            greedy=greedy,
-        )
-        for (p, j), s in zip(batch, samples):
-            out[p][j] = _clip(s, budgets[p])
-        done += len(batch)
-        if progress:
-            progress(done, len(rows))
-    return out  # type: ignore[return-value]
+    samples = _decode_batch(
+        model,
+        [contexts[p] for p, _ in batch],
+        max(budgets[p] for p, _ in batch),
+        eos_id=eos_id,
+        pad_id=pad_id,
+        generator=torch.Generator(device=device).manual_seed(_seed_for(seed, b)),
+        temperature=temperature,
+        greedy=greedy,
+    )
+    return [_clip(s, budgets[p]) for (p, _), s in zip(batch, samples)]
 
 
 def _clip(s: Sample, budget: int) -> Sample:

@@ -245,10 +245,13 @@ def generate(
     temperature: float = 1.0,
     greedy: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    indices: list[int] | None = None,
 ) -> list[list[Sample]]:
     """Continue each context ``n`` times, each continuation adding at most its budget.
 
     contexts: P lists of token ids (prompt + prefix). budgets: P ints.
+    indices: each context's place in the whole request, which picks its seed (a process
+    given a share of the contexts passes theirs); None: 0..P-1.
     Returns P lists of ``n`` samples, in input order (as ``hf.generate``).
     """
     if len(contexts) != len(budgets):
@@ -280,7 +283,7 @@ def generate(
             seed=request_seed(seed, p, n),
             detokenize=False,
         )
-        for p, budget in enumerate(budgets)
+        for p, budget in zip(indices if indices is not None else range(len(budgets)), budgets)
     ]
     outputs = llm.generate(prompts, params, use_tqdm=False)
     result = []

@@ -40,3 +40,8 @@ def _why_no_cuda() -> str:
 def device_of(model: torch.nn.Module) -> torch.device:
     """The device of ``model``'s first parameter: where the tensors it is fed must be."""
     return next(model.parameters()).device
+
+
+def visible_gpus(choice: str) -> int:
+    """GPUs a stage that places its models by ``choice`` (``model.device``) can use on this machine; 0 on CPU."""
+    return torch.cuda.device_count() if resolve_device(choice).type == "cuda" else 0

@@ -6,6 +6,8 @@ Under ``kfp`` every stage is a new process and loads from storage. The ``inproce
 runner passes one ``ModelStore(keep_in_memory=True)`` to all stages, so a model written
 by one stage is handed to the next without a reload; the files are written all the same.
 Every model it loads is put on ``model.device`` (``ModelStore.device``).
+In a group of processes that torchrun started (``ranks``), each process trains its share
+and rank 0 alone publishes the checkpoint (``save``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ac2_core.models.tokenizer import load_tokenizer
 # that needs only a tokenizer (score_chunks under grpo) then starts without them (seconds
 # per fresh KFP task)
 if TYPE_CHECKING:
+    from ac2_core.training.data_parallel import Ranks
     from ac2_core.training.torch_backend import Trainer
 
 
@@ -41,9 +44,10 @@ class Checkpoint:
 
 
 class ModelStore:
-    def __init__(self, cfg: AC2Config, *, keep_in_memory: bool = False):
+    def __init__(self, cfg: AC2Config, *, keep_in_memory: bool = False, ranks: Ranks | None = None):
         self.cfg = cfg
         self.keep_in_memory = keep_in_memory
+        self.ranks = ranks  # this process's place in a launched group; None: a stage's own process
         self._memory: dict[str, Checkpoint] = {}
         self._device = None
 
@@ -82,6 +86,10 @@ class ModelStore:
         ckpt = self._memory.pop(uri, None) or self._from_storage(uri, kind)
         return ckpt
 
+    def forget(self, uri: str) -> None:
+        """Drop ``uri`` from memory (other processes are about to train it from its files)."""
+        self._memory.pop(uri, None)
+
     def _from_storage(self, uri: str, kind: str) -> Checkpoint:
         from ac2_core.models.critic import Critic
         from ac2_core.models.hf import load_model
@@ -108,6 +116,7 @@ class ModelStore:
                 weight_decay=section.weight_decay,
                 max_grad_norm=section.max_grad_norm,
                 warmup_steps=section.lr_warmup_steps,
+                ranks=self.ranks,
             )
             match self.cfg.training.backend:
                 case "torch":
@@ -129,8 +138,21 @@ class ModelStore:
 
     # ------------------------------------------------------------------- saving
 
-    def save(self, uri: str, ckpt: Checkpoint, *, stage: str, config_hash: str | None = None) -> str:
-        """Publish ``ckpt`` at ``uri`` (weights, tokenizer, optimizer state, version)."""
+    def save(self, uri: str, ckpt: Checkpoint, *, stage: str, config_hash: str | None = None) -> str | None:
+        """Publish ``ckpt`` at ``uri`` (weights, tokenizer, optimizer state, version); its content hash.
+
+        In a launched group every process calls it, since gathering sharded weights and
+        optimizer state takes them all; rank 0 writes, and the others return None.
+        """
+        if ckpt.trainer is None or self.ranks is None:
+            return self._publish(uri, ckpt, stage=stage, config_hash=config_hash)
+        with ckpt.trainer.whole_weights():
+            if self.ranks.writes:
+                return self._publish(uri, ckpt, stage=stage, config_hash=config_hash)
+            ckpt.trainer.save(None)
+            return None
+
+    def _publish(self, uri: str, ckpt: Checkpoint, *, stage: str, config_hash: str | None) -> str:
         config_hash = config_hash or self.cfg.config_hash()
         # Weights on a GPU need no copy here: safetensors moves each tensor to the CPU as it
         # writes it, so the files are those a CPU run writes (and optimizer state is saved from .cpu()).

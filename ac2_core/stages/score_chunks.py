@@ -252,9 +252,12 @@ def _apply_critic_along(cfg: AC2Config, ckpt, builder, requests: list[CriticRequ
 
 
 def _apply_critic(cfg: AC2Config, ckpt, critic_uri: str, requests: list[CriticRequest], inputs, scored, pairs) -> None:
+    from ac2_core.generation import sharded
     from ac2_core.math import attention_width, count_non_embedding_params, critic_flops
 
     match cfg.critic.scoring_backend:
+        case "hf" | "vllm" if sharded.wanted(cfg, "score"):  # generation.num_processes processes
+            values = sharded.score(cfg, critic_uri, inputs, pad_id=ckpt.tokenizer.pad_token_id)
         case "hf":
             from ac2_core.generation.scoring import score_inputs
 

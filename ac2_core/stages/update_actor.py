@@ -16,6 +16,7 @@ from ac2_core.config import AC2Config
 from ac2_core.math import ppo_clip_loss
 from ac2_core.models.device import device_of
 from ac2_core.models.store import ModelStore
+from ac2_core.stages import data_parallel
 from ac2_core.stages.common import Problems, StageStats, prompt_ids, read
 
 STAGE = "update_actor"
@@ -75,6 +76,7 @@ class ActorStats(StageStats):
     actor_hash: str
 
 
+@data_parallel.launches(STAGE, ActorStats)  # over training.num_processes processes, when more than one
 def run(
     cfg: AC2Config,
     *,

@@ -16,6 +16,7 @@ from ac2_core.config import AC2Config
 from ac2_core.math import critic_bce_loss
 from ac2_core.models.device import device_of
 from ac2_core.models.store import ModelStore
+from ac2_core.stages import data_parallel
 from ac2_core.stages.common import Problems, StageStats, read, rng_for
 from ac2_core.stages.critic_io import CriticInputs
 
@@ -81,6 +82,7 @@ class CriticStats(StageStats):
     critic_hash: str
 
 
+@data_parallel.launches(STAGE, CriticStats)  # over training.num_processes processes, when more than one
 def run(
     cfg: AC2Config,
     *,

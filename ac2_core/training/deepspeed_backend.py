@@ -11,28 +11,43 @@
 - Checkpoints: the optimizer state is written in the torch backend's layout
   (``optimizer.safetensors``, keyed ``<param name>::<exp_avg|exp_avg_sq|step>``), so either
   backend resumes from the other's checkpoint.
-- One process, world size 1, is what the stages run as. DeepSpeed still needs a process
-  group: one is created (gloo on CPU, nccl on GPU) when none exists, on a free local port.
+- Processes: a stage trains either inside its own process (``ranks`` None: one process,
+  whose models later stages of the inprocess runner reuse) or in a group that torchrun
+  started (``ranks``: ``ac2_core.stages.data_parallel``). DeepSpeed needs a process group
+  either way: inside a stage one is created (gloo on CPU, nccl on GPU) on a free local
+  port; a launched group brings its own.
+- In a group each process runs its share of the micro-batches (``training.data_parallel``).
+  DeepSpeed averages gradients over the processes, and ac2's losses are already normalized
+  to the whole batch, so each loss is multiplied by the group's size: the average is then
+  the sum, the gradient of one process over the whole batch. ZeRO 1-3 partition the
+  optimizer state (1), the gradients (2) and the parameters (3) over the processes.
 - Under ZeRO-3, DeepSpeed replaces the parameters of the module it trains with empty
-  placeholders. The rest of ac2 (saving, generation, scoring) needs whole weights, so
-  ZeRO-3 trains a copy of the model and writes the gathered weights back after every
-  step. That doubles the weights' memory, which is the price of one process; the other
-  stages leave the model's parameters whole.
+  placeholders. In a group that is the model itself: no process holds whole weights while
+  it trains, and saving gathers them (``whole_weights``) for rank 0 to write. Inside a
+  stage's own process the rest of ac2 (generation, scoring) needs the model whole
+  afterwards, so there ZeRO-3 trains a copy and writes the gathered weights back after
+  every step; with one process there is nothing to shard anyway.
+- ZeRO stage 0 runs in one process only: its gradient norm is not the group's
+  (``training.zero_stage``; the torch backend is the replicated data parallelism).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copy
 import json
 import os
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
+from ac2_core.training import data_parallel
+from ac2_core.training.data_parallel import Ranks
 from ac2_core.training.optim_state import GROUPS, TENSORS, load_optimizer, save_optimizer
 from ac2_core.training.schedule import WarmupFromOptimizerState
 
@@ -85,9 +100,15 @@ class Trainer(WarmupFromOptimizerState):
         warmup_steps: int = 0,
         zero_stage: int = 2,
         gradient_checkpointing: bool = False,
+        ranks: Ranks | None = None,
     ):
         if zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"training.zero_stage: expected 0, 1, 2 or 3, found {zero_stage}")
+        if zero_stage == 0 and ranks is not None and ranks.size > 1:
+            raise ValueError(
+                f"training.zero_stage 0 trains in one process, but training.num_processes resolved to {ranks.size}:"
+                " use ZeRO stage 1-3, or training.backend torch"
+            )
         deepspeed = _import_deepspeed()
         _check_same_device(model, deepspeed.accelerator.get_accelerator().device_name())
         init_distributed()
@@ -96,10 +117,13 @@ class Trainer(WarmupFromOptimizerState):
         self.warmup_steps = warmup_steps
         self.max_grad_norm = max_grad_norm
         self.zero_stage = zero_stage
+        self.ranks = ranks
         if gradient_checkpointing:
             _enable_gradient_checkpointing(model)
-        # ZeRO-3 empties the parameters of the module it trains (module docstring).
-        trained = copy.deepcopy(model) if zero_stage == 3 else model
+        # ZeRO-3 empties the parameters of the module it trains (module docstring): inside a
+        # stage's own process it trains a copy, so that the model stays whole there.
+        self.copies_back = zero_stage == 3 and ranks is None
+        trained = copy.deepcopy(model) if self.copies_back else model
         params = [p for p in trained.parameters() if p.requires_grad]
         # foreach=False: one fixed kernel order, as in the torch backend.
         self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=False)
@@ -122,11 +146,14 @@ class Trainer(WarmupFromOptimizerState):
         """One optimizer step over all ``micro_batches``; returns summed stats and grad norm."""
         self.engine.train()
         totals: dict[str, float] = {}
-        for mb in micro_batches:
+        size = 1 if self.ranks is None else self.ranks.size
+        for mb, weight in data_parallel.share(list(micro_batches), self.ranks):
             loss, stats = loss_fn(self.engine, mb)  # the engine's forward is the module's
-            self.engine.backward(loss)
-            for k, v in {"loss": float(loss.detach()), **stats}.items():
-                totals[k] = totals.get(k, 0.0) + v
+            # DeepSpeed averages over the group; losses normalized to the whole batch must be summed
+            self.engine.backward(loss if weight * size == 1.0 else loss * (weight * size))
+            data_parallel.add_totals(totals, loss, stats, weight)
+        if size > 1:
+            totals = data_parallel.all_reduce_totals(totals, next(self.engine.module.parameters()).device)
         for group in self.optimizer.param_groups:
             group["lr"] = self.current_lr()
         # ZeRO 1-3 and bf16 report the norm they clipped with; stage 0 in fp32 keeps the
@@ -138,7 +165,7 @@ class Trainer(WarmupFromOptimizerState):
         grad_norm = local_norm if grad_norm is None else grad_norm
         self.engine.eval()
         self.model.eval()
-        if self.zero_stage == 3:
+        if self.copies_back:
             self._copy_weights_back()
         return totals | {"grad_norm": float(grad_norm)}
 
@@ -156,11 +183,25 @@ class Trainer(WarmupFromOptimizerState):
             for name, p in trained:
                 mine[name].copy_(p.data.view_as(mine[name]))
 
+    @contextlib.contextmanager
+    def whole_weights(self) -> Iterator[None]:
+        """Inside, the model's parameters hold its whole weights: in a group under ZeRO-3 they are
+        gathered on every process (all must enter), for the time of a save; otherwise they are whole."""
+        if self.zero_stage == 3 and not self.copies_back:
+            deepspeed = _import_deepspeed()
+            with deepspeed.zero.GatheredParameters(list(self.engine.module.parameters()), modifier_rank=None):
+                yield
+        else:
+            yield
+
     # ------------------------------------------------------------ optimizer state
 
-    def save(self, folder: Path) -> None:
+    def save(self, folder: Path | None) -> None:
+        """Write the optimizer state to ``folder``. Under ZeRO 1-3 every process of a group must
+        call it (the state is gathered from all of them); those that do not publish pass None."""
         if self.zero_stage == 0:  # the AdamW holds one state per parameter, as in the torch backend
-            save_optimizer(self.optimizer, self.model, folder)
+            if folder is not None:
+                save_optimizer(self.optimizer, self.model, folder)
             return
         step = self.steps_taken
         tensors = {}
@@ -168,9 +209,12 @@ class Trainer(WarmupFromOptimizerState):
             deepspeed = _import_deepspeed()
             for name, p in self._trained_params():
                 for key in ADAM_KEYS:
-                    value = deepspeed.utils.safe_get_full_optimizer_state(p, key)
-                    tensors[f"{name}::{key}"] = value.detach().float().cpu().contiguous().view(_shape(p))
+                    value = deepspeed.utils.safe_get_full_optimizer_state(p, key)  # collective in a group
+                    if folder is not None:
+                        tensors[f"{name}::{key}"] = value.detach().float().cpu().contiguous().view(_shape(p))
                 tensors[f"{name}::step"] = torch.tensor(float(step))
+        if folder is None:
+            return
         save_file(tensors, str(folder / TENSORS))
         groups = [
             {k: v for k, v in g.items() if k != "params"} | {"params": [n for n, _ in self._trained_params()]}
@@ -184,16 +228,21 @@ class Trainer(WarmupFromOptimizerState):
             return load_optimizer(self.optimizer, self.model, folder)
         if not (folder / TENSORS).exists():
             return False
-        tensors = load_file(str(folder / TENSORS))
-        if not tensors:
+        # read one tensor at a time: every process of a group reads the whole file, and keeps only its partition
+        with safe_open(str(folder / TENSORS), framework="pt") as tensors:
+            return self._load_state(folder / TENSORS, tensors)
+
+    def _load_state(self, path: Path, tensors) -> bool:
+        keys = set(tensors.keys())
+        if not keys:
             return True  # saved before any step: nothing to restore
         params = dict(self._trained_params())
-        unknown = sorted({key.rsplit("::", 1)[0] for key in tensors} - set(params))
+        unknown = sorted({key.rsplit("::", 1)[0] for key in keys} - set(params))
         if unknown:
-            raise ValueError(f"{folder / TENSORS}: optimizer state for unknown parameters {unknown[:3]}")
-        steps = {float(t) for key, t in tensors.items() if key.endswith("::step")}
+            raise ValueError(f"{path}: optimizer state for unknown parameters {unknown[:3]}")
+        steps = {float(tensors.get_tensor(key)) for key in sorted(keys) if key.endswith("::step")}
         if len(steps) != 1:
-            raise ValueError(f"{folder / TENSORS}: expected one step count for all parameters, found {sorted(steps)}")
+            raise ValueError(f"{path}: expected one step count for all parameters, found {sorted(steps)}")
         step = steps.pop()
         # AdamW creates its state on its first step; create it (zeros) to write the moments into.
         # ZeRO 1/2 leave their flat fp32 partitions in AdamW's groups; ZeRO-3 puts one there only while it steps it.
@@ -203,17 +252,28 @@ class Trainer(WarmupFromOptimizerState):
                 "step": torch.tensor(step),
                 **{key: torch.zeros_like(flat, memory_format=torch.preserve_format) for key in ADAM_KEYS},
             }
-        deepspeed = _import_deepspeed()
         for name, p in params.items():
             if getattr(p, "_hp_mapping", None) is not None:  # ZeRO 1/2: views into the new state
                 flat = self.optimizer.param_groups[p._hp_mapping.param_group_index]["params"][0]
                 p._hp_mapping.set_optim_state_fragment(flat, self.optimizer.state[flat])
             for key in ADAM_KEYS:
-                value = tensors.get(f"{name}::{key}")
-                if value is None:
-                    raise ValueError(f"{folder / TENSORS}: no {key} for parameter {name}")
-                deepspeed.utils.safe_set_full_optimizer_state(p, value.to(torch.float32), key)
+                if f"{name}::{key}" not in keys:
+                    raise ValueError(f"{path}: no {key} for parameter {name}")
+                self._set_state(p, tensors.get_tensor(f"{name}::{key}").to(torch.float32), key)
         return True
+
+    def _set_state(self, p: torch.nn.Parameter, value: torch.Tensor, key: str) -> None:
+        """Put this process's part of the whole ``value`` into ``p``'s optimizer state ``key``."""
+        deepspeed = _import_deepspeed()
+        if self.zero_stage != 3 or self.ranks is None:
+            deepspeed.utils.safe_set_full_optimizer_state(p, value, key)
+            return
+        # DeepSpeed 0.19's set_full_hp_param cuts past the end of a parameter smaller than the
+        # group (the critic head's bias); its partitions are padded, so cut the padded value here.
+        part = p.ds_tensor.numel()
+        flat = torch.nn.functional.pad(value.reshape(-1), (0, part * self.ranks.size - value.numel()))
+        mine = flat[part * self.ranks.rank : part * (self.ranks.rank + 1)]
+        deepspeed.utils.safe_set_local_optimizer_state(p, mine.to(p.ds_tensor.device), key)
 
 
 def _check_same_device(model: torch.nn.Module, accelerator: str) -> None:

@@ -1,0 +1,166 @@
+"""Start a stage's work in N processes on this machine, and read back what they wrote.
+
+Two ways, one file protocol:
+
+- ``torchrun``: ``python -m torch.distributed.run --standalone --nproc-per-node N -m MODULE
+  SPEC``. The processes find each other through torchrun's rendezvous (``RANK``,
+  ``WORLD_SIZE``, ``LOCAL_RANK``) and form one torch.distributed group. Training uses it.
+- ``spawn``: N plain processes ``python -m MODULE SPEC RANK N``, each given its own GPUs
+  through ``CUDA_VISIBLE_DEVICES``. They never talk to each other. Sharded generation and
+  critic scoring use it: a vLLM engine in a process that torchrun started would take
+  torchrun's variables for its own group.
+
+The launch works in a scratch folder: ``spec.json`` (what to do, as JSON), and what each
+process writes there (``result-<rank>.json``; ``error-<rank>.txt`` when it failed). The
+children print to the stage's own output. Any child that fails fails the launch: the
+others are stopped, and the error names the first failed rank and its message.
+Nothing crosses a process boundary as pickle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import ac2_core
+from ac2_core.storage import ArtifactError
+
+SPEC = "spec.json"
+
+
+class LaunchError(RuntimeError):
+    """A launched process failed; the message names its rank and what it raised."""
+
+
+# errors that reach the stage's caller as what they were: a bad input or artifact, said in one line
+KEPT = (ValueError, ArtifactError)
+
+
+@contextmanager
+def scratch(prefix: str) -> Iterator[Path]:
+    """A fresh folder for one launch, removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix=f"ac2-{prefix}-") as folder:
+        yield Path(folder)
+
+
+def write_spec(folder: Path, spec: dict) -> Path:
+    path = folder / SPEC
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def torchrun(module: str, folder: Path, processes: int, *, what: str) -> None:
+    """Run ``python -m module folder/spec.json`` in ``processes`` processes under torchrun."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={processes}",
+        "-m",
+        module,
+        str(folder / SPEC),
+    ]
+    # torchrun sets OMP_NUM_THREADS=1 for several processes itself (and says so on stderr)
+    code = subprocess.run(command, env=_child_env({}), check=False).returncode
+    if code != 0:
+        raise _failure(folder, what, f"torchrun exited with {code}")
+
+
+def spawn(module: str, folder: Path, devices: list[list[str]] | None, processes: int, *, what: str) -> None:
+    """Run ``python -m module folder/spec.json RANK processes`` once per rank, side by side.
+
+    ``devices``: the GPUs (CUDA_VISIBLE_DEVICES entries) of each rank; None on CPU, where
+    each process gets ``OMP_NUM_THREADS=1`` when there are several (as torchrun does).
+    """
+    children = []
+    for rank in range(processes):
+        extra = {"CUDA_VISIBLE_DEVICES": ",".join(devices[rank])} if devices else {}
+        if not devices and processes > 1 and "OMP_NUM_THREADS" not in os.environ:
+            extra["OMP_NUM_THREADS"] = "1"
+        command = [sys.executable, "-m", module, str(folder / SPEC), str(rank), str(processes)]
+        children.append(subprocess.Popen(command, env=_child_env(extra)))
+    codes = _wait_all(children)
+    failed = [rank for rank, code in enumerate(codes) if code != 0]
+    if failed:
+        raise _failure(folder, what, f"rank {failed[0]} exited with {codes[failed[0]]}")
+
+
+def _wait_all(children: list[subprocess.Popen]) -> list[int]:
+    """Exit codes of all children; once one fails, the others are stopped (they would wait or work in vain)."""
+    codes: list[int | None] = [None] * len(children)
+    while any(c is None for c in codes):
+        for i, child in enumerate(children):
+            if codes[i] is None:
+                try:
+                    codes[i] = child.wait(timeout=0.2)
+                except subprocess.TimeoutExpired:
+                    continue
+                if codes[i] != 0:
+                    for other in children:
+                        if other.poll() is None:
+                            other.terminate()
+    return [int(c) for c in codes]
+
+
+def _child_env(extra: dict[str, str]) -> dict[str, str]:
+    """This environment, with this code's source root first on PYTHONPATH (so the children import
+    the ac2_core this process runs, from any working directory) and ``extra`` on top."""
+    env = dict(os.environ)
+    root = str(Path(ac2_core.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([root, *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != root)])
+    return env | extra
+
+
+def _failure(folder: Path, what: str, fallback: str) -> Exception:
+    """The first recorded error, as a LaunchError unless it is one of KEPT.
+
+    First in time: when one process fails, the others fail after it, on the closed connection.
+    """
+    errors = sorted(folder.glob("error-*.txt"), key=lambda p: (p.stat().st_mtime_ns, p.name))
+    if not errors:
+        return LaunchError(f"{what}: {fallback}; the processes' output is above")
+    kind, _, message = errors[0].read_text().partition("\n")
+    rank = errors[0].stem.split("-")[1]
+    text = f"{what}, rank {rank}: {message.strip()}"
+    kept = {k.__name__: k for k in KEPT}
+    return kept[kind](text) if kind in kept else LaunchError(f"{text} ({kind})")
+
+
+# ---------------------------------------------------------------- the children's side
+
+
+def read_spec(path: str) -> tuple[Path, dict]:
+    """The launch's folder and its spec, in a child."""
+    spec_path = Path(path)
+    return spec_path.parent, json.loads(spec_path.read_text())
+
+
+def write_result(folder: Path, rank: int, result) -> None:
+    """What rank ``rank`` hands back (JSON), written whole: to a temporary name, then renamed."""
+    tmp = folder / f".result-{rank}.json"
+    tmp.write_text(json.dumps(result))
+    tmp.replace(folder / f"result-{rank}.json")
+
+
+def read_result(folder: Path, rank: int):
+    return json.loads((folder / f"result-{rank}.json").read_text())
+
+
+def run_child(folder: Path, rank: int, work: Callable[[], None]) -> int:
+    """Run ``work`` in a child; on an exception, record it for the parent and return 1."""
+    try:
+        work()
+    except Exception as e:
+        kind = next((k.__name__ for k in KEPT if isinstance(e, k)), type(e).__name__)
+        (folder / f"error-{rank}.txt").write_text(f"{kind}\n{e}\n")
+        traceback.print_exc()
+        return 1
+    return 0
