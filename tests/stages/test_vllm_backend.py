@@ -294,7 +294,9 @@ def test_score_chunks_on_vllm_matches_hf(vcfg, tiny_cfg, run_dir):
     score = calls["score_chunks"]
     tables = {}
     for backend in ("hf", "vllm"):
-        cfg = vcfg.model_copy(update={"critic": vcfg.critic.model_copy(update={"scoring_backend": backend})})
+        # one state a pass on both: the dense path (one pass along each answer) is hf-only and charges fewer FLOPs
+        critic_cfg = vcfg.critic.model_copy(update={"scoring_backend": backend, "dense": False})
+        cfg = vcfg.model_copy(update={"critic": critic_cfg})
         outs = {k: str(run_dir / backend / k) for k in ("out_scored_chunks", "out_critic_pairs")}
         dataclasses.replace(score, kwargs={**score.kwargs, "critic": critic_uri, **outs}).run(cfg)
         tables[backend] = {k: storage.read_rows(v, kind=k.removeprefix("out_")) for k, v in outs.items()}
