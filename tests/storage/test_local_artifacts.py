@@ -18,6 +18,7 @@ from safetensors.torch import save_file
 from ac2_core.schemas import SCHEMA_VERSION, schema_for
 from ac2_core.storage import (
     ArtifactError,
+    Manifest,
     content_hash,
     exists,
     local_model_dir,
@@ -60,12 +61,18 @@ def _siblings(path: Path) -> list[str]:
     return sorted(p.name for p in path.parent.iterdir())
 
 
+def resealed(manifest: dict, name: str, data: bytes) -> str:
+    """``manifest`` (parsed JSON) agreeing with ``data`` as file ``name``, content hash included, as JSON:
+    what a foreign writer that forges a consistent manifest would write."""
+    manifest["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    manifest["content_hash"] = Manifest("", "", "", 1, None, manifest["files"]).content_hash
+    return json.dumps(manifest)
+
+
 def _rewrite_manifest_hash(uri: Path, name: str) -> None:
     """Make the manifest agree with the file ``name`` as it now is on disk."""
     manifest = json.loads((uri / "manifest.json").read_text())
-    data = (uri / name).read_bytes()
-    manifest["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-    (uri / "manifest.json").write_text(json.dumps(manifest))
+    (uri / "manifest.json").write_text(resealed(manifest, name, (uri / name).read_bytes()))
 
 
 # ------------------------------------------------------------------ round trips

@@ -8,7 +8,6 @@ artifacts written before it readable.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 
@@ -20,7 +19,7 @@ from safetensors.torch import save_file
 from ac2_core import storage
 from ac2_core.config import ConfigError, StorageConfig, parse_config
 from ac2_core.storage import ArtifactError
-from tests.storage.test_local_artifacts import CFG_HASH, _pairs, _write_pairs
+from tests.storage.test_local_artifacts import CFG_HASH, _pairs, _write_pairs, resealed
 
 
 def _key(uri: str) -> str:
@@ -41,9 +40,7 @@ def _rewrite_manifest_hash(server, uri: str, name: str) -> None:
     """Make the manifest on the server agree with the file ``name`` as it now is there."""
     fs = server.client()
     manifest = json.loads(fs.cat_file(f"{_key(uri)}/manifest.json"))
-    data = fs.cat_file(f"{_key(uri)}/{name}")
-    manifest["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-    fs.pipe_file(f"{_key(uri)}/manifest.json", json.dumps(manifest).encode())
+    fs.pipe_file(f"{_key(uri)}/manifest.json", resealed(manifest, name, fs.cat_file(f"{_key(uri)}/{name}")).encode())
 
 
 # ------------------------------------------------------------------ round trips
