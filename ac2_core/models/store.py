@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from ac2_core import storage
 from ac2_core.config import AC2Config
-from ac2_core.models.state import STATE
+from ac2_core.models.state import STATE, loading, parse_state
 from ac2_core.models.tokenizer import load_tokenizer
 
 # torch and transformers are imported where weights are loaded, trained or saved: a stage
@@ -41,6 +41,7 @@ class Checkpoint:
     source: Path | None = None  # local folder it was loaded from; holds its optimizer state
     trainer: Trainer | None = None
     trained_tokens: int = 0  # tokens forwarded and backpropagated by the update that wrote it
+    uri: str | None = None  # the artifact it was loaded from: named when its optimizer state cannot be read
 
 
 class ModelStore:
@@ -79,7 +80,9 @@ class ModelStore:
         """Only the tokenizer of a checkpoint (no weights are loaded unless already in memory)."""
         if uri in self._memory:
             return self._memory[uri].tokenizer
-        return load_tokenizer(storage.local_model_dir(uri, kind=kind))
+        folder = storage.local_model_dir(uri, kind=kind)
+        with loading(uri, f"the tokenizer of this {kind} model directory"):
+            return load_tokenizer(folder)
 
     def take(self, uri: str, *, kind: str) -> Checkpoint:
         """A checkpoint to train: the caller owns it, and ``uri`` is no longer served from memory."""
@@ -95,17 +98,17 @@ class ModelStore:
         from ac2_core.models.hf import load_model
 
         device = self.device  # an absent cuda is an error before any weights are read
-        folder = storage.local_model_dir(uri, kind=kind)
-        version = int(json.loads((folder / STATE).read_text())["version"])
-        match kind:
-            case "actor":
+        if kind not in ("actor", "critic"):
+            raise ValueError(f"unknown checkpoint kind {kind!r}")
+        folder = storage.local_model_dir(uri, kind=kind)  # every file verified against the manifest
+        with loading(uri, f"this {kind} model directory"):  # files that match their manifest can still be damaged
+            version = parse_state(uri, (folder / STATE).read_bytes())["version"]
+            if kind == "actor":
                 model, tok = load_model(folder, dtype=self.cfg.model.dtype, trust_remote_code=self.cfg.model.trust_remote_code)
-            case "critic":
+            else:
                 model, tok = Critic.load(folder, dtype=self.cfg.model.dtype)
-            case _:
-                raise ValueError(f"unknown checkpoint kind {kind!r}")
         # loaded on the CPU, then moved (a no-op on cpu); the critic's float32 head keeps its dtype
-        return Checkpoint(kind, model.to(device), tok, version, source=folder)
+        return Checkpoint(kind, model.to(device), tok, version, source=folder, uri=uri)
 
     def trainer(self, ckpt: Checkpoint) -> Trainer:
         """The checkpoint's optimizer, restored from its folder the first time."""
@@ -133,7 +136,8 @@ class ModelStore:
                 case other:
                     raise ValueError(f"training.backend: unknown backend {other!r}")
             if ckpt.source is not None:
-                ckpt.trainer.load(ckpt.source)
+                with loading(ckpt.uri or str(ckpt.source), f"the optimizer state of this {ckpt.kind} model directory"):
+                    ckpt.trainer.load(ckpt.source)
         return ckpt.trainer
 
     # ------------------------------------------------------------------- saving

@@ -86,9 +86,12 @@ def read_table(uri: str, *, kind: str) -> pa.Table:
         # one file: ParquetFile reads it without pq.read_table's dataset layer, which imports
         # pandas (about 0.3 s of CPU in every fresh KFP task); the table is the same
         table = pq.ParquetFile(pa.BufferReader(data)).read()
-    except (pa.ArrowInvalid, OSError) as e:
-        raise ArtifactError(f"{uri}: {DATA} is not a readable Parquet file ({e})") from None
-    table = _check_schema(table, kind, uri)
+    except Exception as e:  # noqa: BLE001 - whatever the bytes make Arrow raise, it is this artifact's flaw
+        raise ArtifactError(f"{uri}: {DATA} is not a readable Parquet file ({type(e).__name__}: {e})") from None
+    try:
+        table = _check_schema(table, kind, uri)
+    except (pa.ArrowException, ValueError, TypeError) as e:  # a cast the declared types do not allow
+        raise ArtifactError(f"{uri}: {DATA} does not fit the {kind} schema ({type(e).__name__}: {e})") from None
     if table.num_rows != manifest.rows:
         raise ArtifactError(f"{uri}: {table.num_rows} rows, manifest says {manifest.rows}")
     return table
