@@ -297,13 +297,15 @@ def detect_format(uri: str) -> Literal["parquet", "jsonl", "hf_dataset"]:
 
 
 def read_rows(uri: str, *, fmt: Format = "auto") -> list[dict]:
-    """Every row of ``uri`` as a dict, in file order."""
+    """Every row of ``uri`` as a dict, in file order; DataError naming the file, row and column
+    for any text that is not UTF-8 and any line that is not JSON."""
     fmt = detect_format(uri) if fmt == "auto" else fmt
     try:
         match fmt:
             case "parquet":
                 with fsspec.open(uri, "rb") as f:
-                    return pq.read_table(f).to_pylist()
+                    # one file, one thread: no dataset layer, and no Arrow thread pool alive at exit
+                    return _pylist(uri, pq.ParquetFile(f).read(use_threads=False))
             case "jsonl":
                 return _read_jsonl(uri)
             case "hf_dataset":
@@ -312,26 +314,98 @@ def read_rows(uri: str, *, fmt: Format = "auto") -> list[dict]:
                 raise ValueError(f"task.format: unknown format {fmt!r}")
     except FileNotFoundError:
         raise DataError(f"{uri}: no such file or directory") from None
-    except (pa.ArrowException, OSError) as e:
+    except (pa.ArrowException, OSError, EOFError) as e:
         if isinstance(e, DataError):
             raise
         raise DataError(f"{uri}: cannot read as {fmt}: {e}") from None
 
 
-def _read_jsonl(uri: str) -> list[dict]:
-    rows = []
-    with fsspec.open(uri, "rt", encoding="utf-8", compression="infer") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
+def _pylist(uri: str, table: pa.Table) -> list[dict]:
+    """The table's rows, once every text column is known to be UTF-8 (else DataError naming the row and column)."""
+    for name in table.column_names:
+        column = table.column(name)
+        try:
+            column.validate(full=True)  # checks that every string is UTF-8
+        except pa.ArrowInvalid as e:
+            raise DataError(f"{uri}: row {_first_bad_text(column)}: column {name!r}: text that is not UTF-8 ({e})") from None
+    return table.to_pylist()
+
+
+def _as_bytes(typ: pa.DataType) -> pa.DataType | None:
+    """``typ`` with its strings read as bytes (for finding the row that is not UTF-8), or None."""
+    if pa.types.is_string(typ):
+        return pa.binary()
+    if pa.types.is_large_string(typ):
+        return pa.large_binary()
+    if pa.types.is_list(typ) or pa.types.is_large_list(typ):
+        inner = _as_bytes(typ.value_type)
+        return None if inner is None else (pa.list_ if pa.types.is_list(typ) else pa.large_list)(inner)
+    return None
+
+
+def _first_bad_text(column: pa.ChunkedArray) -> int | str:
+    """The 0-based row of the first value in ``column`` that is not UTF-8 ("?" where the type is not text or a list of it)."""
+    as_bytes = _as_bytes(column.type)
+    if as_bytes is None:
+        return "?"
+    for index, value in enumerate(column.cast(as_bytes).to_pylist()):
+        for item in value if isinstance(value, list) else [value]:
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{uri}: line {line_no} (row {len(rows)}): not JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{uri}: line {line_no} (row {len(rows)}): expected a JSON object, found {type(row).__name__}")
-            rows.append(row)
+                item is None or item.decode("utf-8")
+            except UnicodeDecodeError:
+                return index
+    return "?"
+
+
+def _read_jsonl(uri: str) -> list[dict]:
+    """Read as bytes and decode line by line, so that a bad byte is reported with its line, row and column."""
+    rows: list[dict] = []
+    line_no = 0
+    with fsspec.open(uri, "rb", compression="infer") as f:
+        try:
+            for line_no, raw in enumerate(f, start=1):
+                row = _json_row(uri, raw, line_no, len(rows))
+                if row is not None:
+                    rows.append(row)
+        except (OSError, EOFError) as e:  # a truncated or damaged compressed file
+            raise DataError(f"{uri}: cannot read past line {line_no}: {e}") from None
     return rows
+
+
+def _json_row(uri: str, raw: bytes, line_no: int, row: int) -> dict | None:
+    where = f"{uri}: line {line_no} (row {row})"
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        column = _column_holding_bad_bytes(raw)
+        at = f": column {column!r}" if column else ""
+        raise DataError(f"{where}{at}: byte 0x{raw[e.start]:02x} at offset {e.start} of the line is not UTF-8") from None
+    if not line.strip():
+        return None
+    try:
+        parsed = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{where}: not JSON ({e.msg} at character {e.colno})") from None
+    except RecursionError:
+        raise DataError(f"{where}: not JSON (nested too deeply)") from None
+    if not isinstance(parsed, dict):
+        raise DataError(f"{where}: expected a JSON object, found {type(parsed).__name__}")
+    return parsed
+
+
+def _column_holding_bad_bytes(raw: bytes) -> str | None:
+    """The key of the first field whose text holds bytes that are not UTF-8, if the line is JSON apart from them."""
+    try:
+        parsed = json.loads(raw.decode("utf-8", errors="surrogateescape"))  # bad bytes become lone surrogates
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    for key, value in parsed.items():
+        text = key + json.dumps(value, ensure_ascii=False)
+        if any("\udc80" <= ch <= "\udcff" for ch in text):
+            return key.encode("utf-8", errors="surrogateescape").decode("utf-8", errors="replace")
+    return None
 
 
 def _read_hf(uri: str) -> list[dict]:
@@ -345,4 +419,4 @@ def _read_hf(uri: str) -> list[dict]:
         if "train" not in ds:
             raise DataError(f"{uri}: a DatasetDict without a 'train' split (splits: {sorted(ds)})")
         ds = ds["train"]
-    return ds.to_list()
+    return _pylist(uri, ds.with_format("arrow")[:])
