@@ -23,6 +23,7 @@ The modules, each behind this one import:
     uris        URIs to file systems; S3 endpoint and credentials; the artifact root
     remote      bounded retries, parallel transfers
     artifacts   publish, copy, move, remove, find; manifests and files read back verified
+    leftovers   what a killed publish leaves (staging, renamed-aside folders), named to be swept
     tables      Parquet tables of a declared schema
     models      model directories: verified, no pickle, a local cache of remote ones
 """
@@ -39,6 +40,7 @@ from ac2_core.storage.artifacts import (
     read_manifest,
     remove,
 )
+from ac2_core.storage.leftovers import remove_leftovers, remove_temp_leftovers
 from ac2_core.storage.manifest import MANIFEST, ArtifactError, Manifest
 from ac2_core.storage.models import PICKLE_SUFFIXES, local_model_dir
 from ac2_core.storage.tables import DATA, read_rows, read_table, table_from_rows, write_table
@@ -63,6 +65,8 @@ __all__ = [
     "read_rows",
     "read_table",
     "remove",
+    "remove_leftovers",
+    "remove_temp_leftovers",
     "settings",
     "table_from_rows",
     "using",

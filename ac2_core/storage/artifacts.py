@@ -14,11 +14,11 @@ import contextlib
 import hashlib
 import shutil
 import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 from ac2_core.schemas import SCHEMA_VERSION
+from ac2_core.storage.leftovers import REPLACED, aside_name, staging_prefix
 from ac2_core.storage.manifest import MANIFEST, ArtifactError, Manifest
 from ac2_core.storage.remote import call, in_parallel, objects
 from ac2_core.storage.uris import Target, join, target
@@ -37,20 +37,33 @@ def exists(uri: str) -> bool:
 
 
 def find_artifacts(root: str) -> list[str]:
-    """URIs of every published artifact (a folder with a manifest) under ``root``, sorted."""
+    """URIs of every published artifact (a folder with a manifest) under ``root``, sorted; never one
+    in a folder whose name begins with a dot (a staging or renamed-aside copy, ``leftovers``)."""
     t = target(root)
-    manifests = call(t, "listing", "glob", f"{t.path.rstrip('/')}/**/{MANIFEST}")
+    base = t.path.rstrip("/")
+    manifests = call(t, "listing", "glob", f"{base}/**/{MANIFEST}")
     folders = sorted(m[: -len(MANIFEST) - 1] for m in manifests)
+    folders = [f for f in folders if not any(part.startswith(".") for part in f[len(base) :].split("/"))]
     return folders if t.local else [t.fs.unstrip_protocol(f) for f in folders]
 
 
 def remove(uri: str) -> None:
-    """Delete the artifact at ``uri``, manifest first, so that no reader trusts what is left meanwhile."""
+    """Delete the artifact at ``uri``, manifest first, so that no reader trusts what is left meanwhile.
+
+    A local folder is renamed aside first (``leftovers``): a removal that is killed halfway
+    leaves a folder that the next run's sweep finds, not a half-deleted one at ``uri``.
+    """
     t = target(uri, write=True)
     if t.local:
+        path = Path(t.path)
+        aside = path.parent / aside_name(path.name, REPLACED)
+        try:
+            path.rename(aside)
+        except FileNotFoundError:
+            return
         with contextlib.suppress(FileNotFoundError):
-            Path(t.path, MANIFEST).unlink()
-        shutil.rmtree(t.path, ignore_errors=True)
+            (aside / MANIFEST).unlink()
+        shutil.rmtree(aside, ignore_errors=True)
         return
     _remove_remote(t)
 
@@ -85,7 +98,7 @@ def _publish_local(staging: Path, destination: Path) -> None:
     # staging is a sibling of the destination, so both renames stay on one file system.
     old = None
     if destination.exists() or destination.is_symlink():
-        old = destination.parent / f".{destination.name}.old-{uuid.uuid4().hex[:8]}"
+        old = destination.parent / aside_name(destination.name, REPLACED)
         destination.rename(old)
     staging.rename(destination)  # the one step that makes the artifact visible
     if old is not None:
@@ -115,7 +128,8 @@ def publish_dir(uri: str, *, kind: str, stage: str, config_hash: str, rows: int 
     parent = Path(t.path).parent if t.local else None
     if parent is not None:
         parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{Path(t.path).name}.staging-", dir=parent))
+    # named with this process (``leftovers``), so that a later run removes it if this one is killed
+    staging = Path(tempfile.mkdtemp(prefix=staging_prefix(Path(t.path).name), dir=parent))
     try:
         yield staging
         if (staging / MANIFEST).exists():

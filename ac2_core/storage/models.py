@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 from ac2_core.storage.artifacts import mismatch, read_manifest, sha256_file
+from ac2_core.storage.leftovers import DOWNLOAD, staging_prefix
 from ac2_core.storage.manifest import MANIFEST, ArtifactError
 from ac2_core.storage.remote import call, in_parallel, objects
 from ac2_core.storage.uris import Target, join, target
@@ -68,7 +69,7 @@ def local_model_dir(uri: str, *, kind: str, cache_dir: str | None = None) -> Pat
         os.utime(root)  # most recently used: the last to be evicted
         return root
     root.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".download-", dir=root.parent))
+    staging = Path(tempfile.mkdtemp(prefix=staging_prefix("", DOWNLOAD), dir=root.parent))
     try:
         jobs = [lambda n=n, e=e: _download_verified(t, n, e, staging / n) for n, e in sorted(manifest.files.items())]
         in_parallel(jobs, t.section.io_threads)
