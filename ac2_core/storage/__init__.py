@@ -24,6 +24,7 @@ The modules, each behind this one import:
     remote      bounded retries, parallel transfers
     artifacts   publish, copy, move, remove, find; manifests and files read back verified
     leftovers   what a killed publish leaves (staging, renamed-aside folders), named to be swept
+    exclusive   a small file created only if absent (a run folder's lock on an object store)
     tables      Parquet tables of a declared schema
     models      model directories: verified, no pickle, a local cache of remote ones
 """
