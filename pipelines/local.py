@@ -26,6 +26,7 @@ import io
 import json
 import os
 import re
+import shutil
 import sys
 import warnings
 from collections.abc import Iterator
@@ -224,10 +225,22 @@ class KfpLocal:
 
     label = "kfp.local"
 
-    def __init__(self, cfg: AC2Config, root: Path, layout: RunLayout):
-        self.root = root
+    def __init__(self, cfg: AC2Config, root: Path, layout: RunLayout, log: Log = print):
+        self.root, self.log = root, log
         self.record = KfpRuns.load(root / "runs.json", cfg, layout)
+        self._remove_unfinished()
         _init(root)
+
+    def _remove_unfinished(self) -> None:
+        """Remove the pipeline runs that ``runs.json`` does not name: runs killed (or failed) before
+        they finished, whose outputs (checkpoints among them) were never moved to the run folder."""
+        if not self.root.is_dir():
+            return
+        named = set(self.record.runs.values())
+        for entry in sorted(self.root.iterdir()):
+            if entry.is_dir() and entry.name != "logs" and entry.name not in named:
+                shutil.rmtree(entry, ignore_errors=True)
+                self.log(f"removed {entry}: a pipeline run that did not finish")
 
     def bootstrap(self, cfg: AC2Config, layout: RunLayout, log: Log) -> None:
         from pipelines.dag import bootstrap_pipeline
@@ -242,9 +255,13 @@ class KfpLocal:
 
     def _run(self, cfg, layout, iteration, pipeline, arguments, label: str, progress: Log | None = None) -> None:
         run_root = run_pipeline(pipeline, arguments, self.root, label, progress=progress)
-        keep_outputs(cfg, layout, iteration, run_root)
+        earlier = self.record.runs.get(label)
+        # named before its outputs move, so that a run killed while they move leaves no unnamed folder
         self.record.runs[label] = run_root.name
         self.record.save()
+        keep_outputs(cfg, layout, iteration, run_root)
+        if earlier not in (None, run_root.name):  # an attempt at this label that did not finish
+            shutil.rmtree(self.root / earlier, ignore_errors=True)
 
 
 def run(
@@ -258,9 +275,13 @@ def run(
     every task is a cold process, as on a cluster. The artifacts are the same either way.
     """
     root = Path(out_dir).resolve() / "kfp"
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(storage.using(cfg.storage))
-        if task_host:
-            stack.enter_context(warm_task_host(root / "logs" / "taskhost.log"))
-        runner = KfpLocal(cfg, root, RunLayout(out_dir))
-        return loop.run(cfg, out_dir, runner, log=log, bootstrap_from=bootstrap_from)
+
+    @contextlib.contextmanager
+    def open_runner() -> Iterator[KfpLocal]:  # entered by the loop once the inputs are checked and the folder locked
+        with contextlib.ExitStack() as stack:
+            if task_host:
+                stack.enter_context(warm_task_host(root / "logs" / "taskhost.log"))
+            yield KfpLocal(cfg, root, RunLayout(out_dir), log)
+
+    with storage.using(cfg.storage):
+        return loop.run(cfg, out_dir, open_runner, log=log, bootstrap_from=bootstrap_from)

@@ -9,6 +9,7 @@ is the runner for run folders on object storage.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 
 from ac2_core import storage
 from ac2_core.config import AC2Config
@@ -63,4 +64,4 @@ class InProcess:
 def run(cfg: AC2Config, out_dir: str, *, log: Log = print, bootstrap_from: str | None = None) -> list[dict]:
     """``ac2 run --runner inprocess``: ``loop.run`` with the stages in this process; returns the metrics rows."""
     with storage.using(cfg.storage):  # endpoint, retries and artifact root of every stage below
-        return loop.run(cfg, out_dir, InProcess(cfg, log), log=log, bootstrap_from=bootstrap_from)
+        return loop.run(cfg, out_dir, lambda: nullcontext(InProcess(cfg, log)), log=log, bootstrap_from=bootstrap_from)
