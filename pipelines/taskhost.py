@@ -17,9 +17,11 @@ there, stages run for minutes and the imports are noise.
 
 The host binds its socket before it imports, so tasks that arrive early wait in the
 accept queue. It runs in its own session and is stopped with its workers by process group
-(``running``). A task whose host is gone runs the stage itself and says so; so does a task
-whose host imported ac2 source files that have changed since (a cold task would run the new
-code).
+(``running``). It also dies with the process that started it, however that one dies
+(SIGKILL included): it watches the read end of a pipe whose only write end that process
+holds, and on end-of-file it stops its workers and removes its socket folder. A task whose
+host is gone runs the stage itself and says so; so does a task whose host imported ac2
+source files that have changed since (a cold task would run the new code).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import contextlib
 import importlib
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -69,8 +72,34 @@ def preload_modules() -> list[str]:
 # --------------------------------------------------------------------- host side
 
 
-def serve(address: str) -> None:
-    """Bind ``address``, import the stage code, then fork a worker per connection, forever."""
+def serve(address: str, parent_fd: int | None = None) -> None:
+    """Bind ``address``, import the stage code, then fork a worker per connection until the
+    host is stopped or ``parent_fd`` (a pipe's read end) reaches end-of-file: its parent is gone."""
+    try:
+        _serve(address, parent_fd)
+    finally:
+        for leftover in (address, address + ".new", str(Path(address).with_name(READY))):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(leftover)
+        with contextlib.suppress(OSError):  # the folder ``running`` made, once empty
+            os.rmdir(Path(address).parent)
+
+
+def _parent_gone(parent_fd: int | None, timeout: float | None = 0) -> bool:
+    """True once the parent's end of the pipe is closed (it exited or was killed)."""
+    return parent_fd is not None and bool(select.select([parent_fd], [], [], timeout)[0])
+
+
+def _orphaned() -> None:
+    """Stop this host's workers (its process group) and exit: nothing will call it again."""
+    print(f"taskhost: the process that started it is gone; stopping (pid {os.getpid()})", flush=True)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(os.getpgrp(), signal.SIGTERM)
+    raise SystemExit(0)
+
+
+def _serve(address: str, parent_fd: int | None) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address + ".new")
     os.chmod(address + ".new", 0o600)
@@ -78,6 +107,8 @@ def serve(address: str) -> None:
     os.rename(address + ".new", address)  # so that a socket file at ``address`` always listens
     t0 = time.perf_counter()
     for name in preload_modules():
+        if _parent_gone(parent_fd):
+            _orphaned()
         try:
             importlib.import_module(name)
         except ImportError as e:  # optional extras; a worker that needs one reports it
@@ -90,6 +121,8 @@ def serve(address: str) -> None:
     signal.signal(signal.SIGCHLD, _reap)  # reaped here, so their CPU time counts as this process's children's
     signal.signal(signal.SIGTERM, _stop)
     while True:
+        if parent_fd is not None and parent_fd in select.select([listener, parent_fd], [], [])[0]:
+            _orphaned()
         conn, _ = listener.accept()
         try:
             request, fds = _receive(conn)
@@ -213,14 +246,19 @@ def running(log_file: Path) -> Iterator[str]:
     folder = tempfile.mkdtemp(prefix="ac2-host-")  # short: a socket path has a 107-byte limit
     address = os.path.join(folder, "socket")
     log_file.parent.mkdir(parents=True, exist_ok=True)
+    # the host watches the read end; only this process holds the write end (not inheritable),
+    # so the host sees end-of-file when this process ends, however it ends
+    watch, alive = os.pipe()
     with open(log_file, "ab") as log:
         host = subprocess.Popen(
-            [sys.executable, "-m", "pipelines.taskhost", address],
+            [sys.executable, "-m", "pipelines.taskhost", address, "--parent-fd", str(watch)],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            pass_fds=(watch,),
             start_new_session=True,  # its own process group: Ctrl-C reaches us, and we stop it
         )
+    os.close(watch)
     saved = os.environ.get(ENV)
     try:
         # the host listens before it imports, so this waits for the interpreter's start only
@@ -240,6 +278,7 @@ def running(log_file: Path) -> Iterator[str]:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(host.pid, signal.SIGKILL)
             host.wait()
+        os.close(alive)
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -264,7 +303,9 @@ def _wait_for(path: Path, what: str, timeout: float, host: subprocess.Popen | No
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m pipelines.taskhost", description=__doc__.split("\n\n")[0])
     p.add_argument("address", help="the Unix socket to serve on")
-    serve(p.parse_args(argv).address)
+    p.add_argument("--parent-fd", type=int, help="a pipe's read end: stop when it reaches end-of-file (the parent is gone)")
+    args = p.parse_args(argv)
+    serve(args.address, args.parent_fd)
 
 
 if __name__ == "__main__":
