@@ -10,24 +10,50 @@
     ac2 report   RUN_DIR
 
 Every command that takes ``--config`` (and ``--set key=value`` overrides) validates it
-before it starts anything. Errors print one line and exit non-zero (2 for a bad config).
+before it starts anything. Errors print one line, ``ac2: <what is wrong>``, and exit
+with one of these codes, every time (``EXIT_CODES``):
+
+    0    done
+    1    failed: a damaged or missing artifact, a bad data file, a stage or pipeline that failed
+         (an unexpected error also exits 1, with its traceback)
+    2    a bad command line or config
+    3    the run folder is locked by another run (the message names it)
+    130  interrupted (Ctrl-C)
+
+The process ends with ``os._exit`` once the command's exit handlers have run: what
+native libraries' threads would do while the interpreter tears down (torch's and Arrow's
+thread pools; one of them aborted with ``terminate called without an active exception``
+in some runs) can no longer change the exit code.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import os
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import yaml
 
 from ac2_core.config import AC2Config, ConfigError, load_config
+from ac2_core.runner.lock import RunFolderLocked
 from ac2_core.runner.report import metrics_markdown
 from ac2_core.stages.recipe import STAGES
 from ac2_core.storage import ArtifactError
 from pipelines.driver import PipelineFailed
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_LOCKED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_CODES = {
+    EXIT_OK: "done",
+    EXIT_FAILED: "failed: an artifact, a data file, a stage or a pipeline (the message names it)",
+    EXIT_USAGE: "a bad command line or config",
+    EXIT_LOCKED: "the run folder is locked by another run",
+    EXIT_INTERRUPTED: "interrupted",
+}
 
 
 def _overrides(pairs: list[str]) -> dict:
@@ -264,16 +290,44 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command; its exit code (``EXIT_CODES``). Errors print one line on stderr."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # argparse has printed the usage and the error (or the help)
+        return EXIT_OK if e.code in (0, None) else EXIT_USAGE
     try:
         return args.fn(args)
     except ConfigError as e:
         print(f"ac2: {e}", file=sys.stderr)
-        return 2
-    except (ArtifactError, ValueError, PipelineFailed) as e:
+        return EXIT_USAGE
+    except RunFolderLocked as e:
         print(f"ac2: {e}", file=sys.stderr)
-        return 1
+        return EXIT_LOCKED
+    except (ArtifactError, ValueError, PipelineFailed) as e:  # DataError is a ValueError
+        print(f"ac2: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("ac2: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception:  # noqa: BLE001 - a bug: the traceback, and still the documented code
+        traceback.print_exc()
+        return EXIT_FAILED
+
+
+def console() -> None:
+    """The ``ac2`` executable: ``main``, then the exit handlers, then ``os._exit`` with its code,
+    so that no native thread torn down with the interpreter can turn it into an abort."""
+    code = main()
+    try:
+        atexit._run_exitfuncs()  # what a normal exit runs: logging's flush, engines' and process groups' shutdown
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe (ac2 ... | head)
+                pass
+        os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console()
