@@ -100,6 +100,7 @@ def _iterations(cfg: AC2Config, layout: RunLayout, runner: Runner, log: Log, boo
     done = layout.completed_iterations()
     if done:
         log(f"resuming {out_dir} after iteration {done}")
+        prune(cfg, layout, done)  # in case the run that finished it was killed while it pruned
     log(f"{cfg.algorithm} training ({runner.label}): iterations {done + 1}..{cfg.run.iterations}")
     log(HEADER)
     if done == 0:
