@@ -70,8 +70,8 @@ class Holder:
 def held(out_dir: str, *, log: Log = print) -> Iterator[Holder]:
     """Hold ``out_dir``'s lock for the block (the folder is made if need be); RunFolderLocked if another run holds it."""
     me = Holder.me()
-    t = target(out_dir, write=True)
-    with _flock(Path(t.path), me, log) if t.local else _object_lock(storage.join(out_dir, LOCK), me, log):
+    t = target(storage.join(out_dir, LOCK), write=True)  # refused outside storage.artifact_root, before anything exists
+    with _flock(Path(t.path).parent, me, log) if t.local else _object_lock(storage.join(out_dir, LOCK), me, log):
         yield me
 
 
