@@ -90,10 +90,8 @@ class Manifest:
         """Parse ``text`` against ``ManifestSchema``; ArtifactError naming ``uri`` and the field on any flaw."""
         try:
             body = json.loads(text)
-        except json.JSONDecodeError as e:
+        except (ValueError, RecursionError) as e:  # RecursionError: nested deeper than the parser goes
             raise ArtifactError(f"{uri}: {MANIFEST} is malformed (not JSON: {e})") from None
-        except RecursionError:
-            raise ArtifactError(f"{uri}: {MANIFEST} is malformed (JSON nested too deeply)") from None
         try:
             parsed = ManifestSchema.model_validate(body)
         except ValidationError as e:
