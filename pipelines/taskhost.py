@@ -85,9 +85,9 @@ def serve(address: str, parent_fd: int | None = None) -> None:
             os.rmdir(Path(address).parent)
 
 
-def _parent_gone(parent_fd: int | None, timeout: float | None = 0) -> bool:
-    """True once the parent's end of the pipe is closed (it exited or was killed)."""
-    return parent_fd is not None and bool(select.select([parent_fd], [], [], timeout)[0])
+def _parent_gone(parent_fd: int | None) -> bool:
+    """True once the parent's end of the pipe is closed (it exited or was killed); does not wait."""
+    return parent_fd is not None and bool(select.select([parent_fd], [], [], 0)[0])
 
 
 def _orphaned() -> None:
