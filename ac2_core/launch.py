@@ -15,12 +15,23 @@ process writes there (``result-<rank>.json``; ``error-<rank>.txt`` when it faile
 children print to the stage's own output. Any child that fails fails the launch: the
 others are stopped, and the error names the first failed rank and its message.
 Nothing crosses a process boundary as pickle.
+
+The launched processes die with the stage's process, however it dies: each one (and
+torchrun's agent, started through this module) asks the kernel for SIGKILL when its
+parent ends. torchrun starts its workers in sessions of their own, so a kill of the
+stage's process group would not reach them, and a rank 0 left running would publish a
+checkpoint into a run folder that the next run has taken over. The scratch folder is
+named as the storage's leftovers are (``storage.leftovers``), so the next run removes one
+that a killed stage left in the temp folder. A child ends with ``exit_now``.
 """
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -31,8 +42,11 @@ from pathlib import Path
 
 import ac2_core
 from ac2_core.storage import ArtifactError
+from ac2_core.storage.leftovers import LAUNCH, alive, staging_prefix
 
 SPEC = "spec.json"
+MODULE = "ac2_core.launch"  # torchrun's agent runs here (``_agent``), to die with its parent
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class LaunchError(RuntimeError):
@@ -45,14 +59,15 @@ KEPT = (ValueError, ArtifactError)
 
 @contextmanager
 def scratch(prefix: str) -> Iterator[Path]:
-    """A fresh folder for one launch, removed afterwards."""
-    with tempfile.TemporaryDirectory(prefix=f"ac2-{prefix}-") as folder:
+    """A fresh folder for one launch in the temp folder, removed afterwards (a killed stage's, by the next run)."""
+    with tempfile.TemporaryDirectory(prefix=staging_prefix(prefix, LAUNCH)) as folder:
         yield Path(folder)
 
 
 def write_spec(folder: Path, spec: dict) -> Path:
+    """``spec`` as the children read it, with this process's pid: they end when it is gone."""
     path = folder / SPEC
-    path.write_text(json.dumps(spec))
+    path.write_text(json.dumps(spec | {"launcher": os.getpid()}))
     return path
 
 
@@ -61,7 +76,8 @@ def torchrun(module: str, folder: Path, processes: int, *, what: str) -> None:
     command = [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        MODULE,  # torch.distributed.run's main, in an agent that dies with this process
+        str(os.getpid()),
         "--standalone",
         f"--nproc-per-node={processes}",
         "-m",
@@ -138,9 +154,24 @@ def _failure(folder: Path, what: str, fallback: str) -> Exception:
 
 
 def read_spec(path: str) -> tuple[Path, dict]:
-    """The launch's folder and its spec, in a child."""
+    """The launch's folder and its spec, in a child, which from now on dies with its parent."""
     spec_path = Path(path)
-    return spec_path.parent, json.loads(spec_path.read_text())
+    spec = json.loads(spec_path.read_text())
+    die_with_parent(spec["launcher"])
+    return spec_path.parent, spec
+
+
+def die_with_parent(launcher: int) -> None:
+    """SIGKILL this process when its parent ends (Linux), and end it now if ``launcher``, the stage's
+    process that started the launch (this process's parent, or torchrun's agent's), is already gone.
+
+    The kernel sends the signal when the thread that started this process ends: the launcher
+    starts its children from the thread that waits for them.
+    """
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if not alive(launcher):  # it died before the signal was asked for
+        os._exit(1)
 
 
 def write_result(folder: Path, rank: int, result) -> None:
@@ -154,6 +185,21 @@ def read_result(folder: Path, rank: int):
     return json.loads((folder / f"result-{rank}.json").read_text())
 
 
+def exit_now(code: int) -> None:
+    """End this process with ``code`` once its exit handlers have run and its output is flushed:
+    ``os._exit``, so that no native thread torn down with the interpreter (torch's and Arrow's
+    pools: ``terminate called without an active exception``, rc 134) can change the code."""
+    try:
+        atexit._run_exitfuncs()  # what a normal exit runs: logging's flush, engines' and process groups' shutdown
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe (ac2 ... | head)
+                pass
+        os._exit(code)
+
+
 def run_child(folder: Path, rank: int, work: Callable[[], None]) -> int:
     """Run ``work`` in a child; on an exception, record it for the parent and return 1."""
     try:
@@ -164,3 +210,17 @@ def run_child(folder: Path, rank: int, work: Callable[[], None]) -> int:
         traceback.print_exc()
         return 1
     return 0
+
+
+def _agent(argv: list[str]) -> None:
+    """torchrun's agent (``python -m torch.distributed.run ARGS``) as ``python -m ac2_core.launch PID ARGS``:
+    it dies with ``PID``, the stage's process that started it."""
+    launcher, args = int(argv[0]), argv[1:]
+    die_with_parent(launcher)
+    from torch.distributed.run import main
+
+    main(args)
+
+
+if __name__ == "__main__":
+    _agent(sys.argv[1:])

@@ -29,9 +29,7 @@ in some runs) can no longer change the exit code.
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
-import os
 import sys
 import time
 import traceback
@@ -40,6 +38,7 @@ from pathlib import Path
 import yaml
 
 from ac2_core.config import AC2Config, ConfigError, load_config
+from ac2_core.launch import LaunchError, exit_now
 from ac2_core.runner.lock import RunFolderLocked
 from ac2_core.runner.report import metrics_markdown
 from ac2_core.stages.recipe import STAGES
@@ -303,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     except RunFolderLocked as e:
         print(f"ac2: {e}", file=sys.stderr)
         return EXIT_LOCKED
-    except (ArtifactError, ValueError, PipelineFailed) as e:  # DataError is a ValueError
+    except (ArtifactError, ValueError, PipelineFailed, LaunchError) as e:  # DataError is a ValueError
         print(f"ac2: {e}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
@@ -315,18 +314,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def console() -> None:
-    """The ``ac2`` executable: ``main``, then the exit handlers, then ``os._exit`` with its code,
-    so that no native thread torn down with the interpreter can turn it into an abort."""
-    code = main()
-    try:
-        atexit._run_exitfuncs()  # what a normal exit runs: logging's flush, engines' and process groups' shutdown
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):  # a closed pipe (ac2 ... | head)
-                pass
-        os._exit(code)
+    """The ``ac2`` executable: ``main``, then the exit handlers, then ``os._exit`` with its code
+    (``launch.exit_now``), so that no native thread torn down with the interpreter can turn it into an abort."""
+    exit_now(main())
 
 
 if __name__ == "__main__":

@@ -113,4 +113,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    launch.exit_now(main(sys.argv[1:]))

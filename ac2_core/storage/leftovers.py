@@ -2,7 +2,8 @@
 
 A writer stages an artifact in a folder of its own before it appears (``artifacts``):
 beside the target on a local disk, in this machine's temp folder for an object store.
-A replaced or removed local artifact is first renamed aside. A process that is killed
+A replaced or removed local artifact is first renamed aside; a stage that launches
+processes gives them a scratch folder in the temp folder. A process that is killed
 (SIGKILL, out of memory, a lost node) leaves these folders; on an object store it may
 also leave some objects of an artifact whose manifest was never uploaded. None of them
 is an artifact a reader would take (no manifest, or a name beginning with a dot), but
@@ -28,8 +29,8 @@ from ac2_core.storage.manifest import MANIFEST
 from ac2_core.storage.remote import call
 from ac2_core.storage.uris import Target, target
 
-STAGING, REPLACED, DOWNLOAD = "staging", "old", "download"
-_NAME = re.compile(r"^\.(?:.*?\.)?(staging|old|download)-(?:(?P<host>.+)-(?P<pid>\d+)-)?[0-9a-z_]+$")
+STAGING, REPLACED, DOWNLOAD, LAUNCH = "staging", "old", "download", "launch"  # LAUNCH: ac2_core.launch's scratch
+_NAME = re.compile(r"^\.(?:.*?\.)?(staging|old|download|launch)-(?:(?P<host>.+)-(?P<pid>\d+)-)?[0-9a-z_]+$")
 HOST = socket.gethostname()
 
 
@@ -118,7 +119,7 @@ def _remote_leftovers(t: Target) -> list[str]:
 
 
 def remove_temp_leftovers(temp: str | None = None) -> list[str]:
-    """Staging folders of remote publishes and unfinished model downloads in this machine's temp
+    """Staging folders of remote publishes, unfinished model downloads and launches' scratch folders in this machine's temp
     folder (``temp``, default ``tempfile.gettempdir()``) whose process is gone; returns what was removed."""
     base = Path(temp or tempfile.gettempdir())
     removed = []
