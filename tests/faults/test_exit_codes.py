@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import pipelines.cli as cli
+from ac2_core.launch import LaunchError
 from pipelines.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, main
 from tests.conftest import ROOT
 
@@ -76,6 +77,15 @@ def test_an_interrupt_exits_130_and_a_bug_exits_1_with_its_traceback(monkeypatch
     assert main(["validate", "--config", "x.yaml"]) == EXIT_FAILED
     err = capsys.readouterr().err
     assert err.startswith("Traceback") and err.endswith("ZeroDivisionError: a bug\n")
+
+
+def test_a_launched_process_that_failed_exits_1_with_one_line(monkeypatch, capsys):
+    def failed(*_, **__):  # what launch.torchrun raises when a rank fails (its own traceback is above)
+        raise LaunchError("update_actor over 2 processes, rank 1: out of memory (RuntimeError)")
+
+    monkeypatch.setattr(cli, "load_config", failed)
+    assert main(["validate", "--config", "x.yaml"]) == EXIT_FAILED
+    assert capsys.readouterr().err == "ac2: update_actor over 2 processes, rank 1: out of memory (RuntimeError)\n"
 
 
 @pytest.mark.parametrize("code", sorted(cli.EXIT_CODES))
