@@ -62,6 +62,25 @@ def local_reference(zygote, tmp_path_factory):
     return cfg, artifacts_of(out)
 
 
+def test_the_staging_of_an_actor_whose_publish_was_killed_is_removed_by_the_resume(zygote, tmp_path, capfd):
+    """As it was seen: ``ac2 run`` SIGKILLed while update_actor publishes the actor left
+    ``iter-0001/update_actor/.actor.staging-*``, and the resume succeeded without removing it."""
+    cfg = tiny_config(run__iterations=1)
+    out = str(tmp_path / "run")
+    where = RunLayout(out).output
+    publishes = [uri for it in (0, 1) for call in recipe.calls(cfg, it, where) for uri in call.outputs.values()]
+    actor = Path(where(1, "actor"))
+    argv = run_argv(config_yaml(cfg, tmp_path), out)
+    with pytest.raises(Killed):
+        zygote.ac2(argv, kill_at="publish", nth=publishes.index(str(actor)) + 1)
+    staged = [p for p in actor.parent.iterdir() if p.name.startswith(".actor.staging-")]
+    assert len(staged) == 1 and not actor.exists()
+    capfd.readouterr()
+    assert zygote.ac2(argv) == 0
+    assert list(actor.parent.iterdir()) == [actor]
+    assert f"removed {staged[0]}: left by a run that was killed" in capfd.readouterr().out
+
+
 @pytest.mark.slow
 def test_a_local_run_killed_at_each_of_its_publishes_resumes_to_identical_artifacts(zygote, local_reference, tmp_path, capfd):
     cfg, expected = local_reference
