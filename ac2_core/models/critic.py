@@ -182,5 +182,5 @@ def build_critic_input(
             f"critic input cannot fit in max_tokens={max_tokens}: prompt ({len(prompt_ids)} tokens), "
             f"reference ({ref_len} tokens) and separators alone take {len(head)}; raise critic.max_input_tokens"
         )
-    kept = state_ids[len(state_ids) - room :] if room > 0 else []
+    kept = state_ids[max(len(state_ids) - room, 0) :] if room > 0 else []
     return head + list(kept)

@@ -194,6 +194,10 @@ def test_critic_input_layout_and_truncation():
     assert cut == [10, 11, 2, 20, 21, 22, 3, 33, 34]
     exact = build_critic_input(prompt, ref, state, ref_id=2, state_id=3, max_tokens=7)
     assert exact == [10, 11, 2, 20, 21, 22, 3]
+    # room for 7 state tokens, more than the state's 5 but less than twice as many: nothing is cut
+    # (a negative slice start once kept only the state's last 2 tokens here)
+    roomy = build_critic_input(prompt, ref, state, ref_id=2, state_id=3, max_tokens=14)
+    assert roomy == full
 
 
 def test_critic_input_too_long_raises_with_lengths():
