@@ -351,6 +351,27 @@ class EvalConfig(Section):
 class RunConfig(Section):
     iterations: int = Field(40, ge=1, description="RL iterations")
     keep_models: int = Field(2, ge=1, description="actor/critic checkpoints kept on disk by local runners (newest)")
+    keep_best: bool = Field(True, description="local runners also keep the checkpoints of the best validation score")
+
+
+class TrackingConfig(Section):
+    """Where a local run reports its scalars besides the run folder (``ac2_core.runner.tracking``).
+
+    Not hashed: it says where figures are shown, not what is computed.
+    """
+
+    tensorboard: bool = Field(True, description="TensorBoard event files in <run>/tensorboard")
+    mlflow_uri: str | None = Field(
+        None, description="MLflow tracking URI: sqlite:///mlflow.db, file:./mlruns, http://host:5000; unset: no MLflow"
+    )
+    mlflow_experiment: str = Field("ac2", min_length=1, description="MLflow experiment the run is logged under")
+
+    @field_validator("mlflow_uri")
+    @classmethod
+    def _no_credentials(cls, v: str | None) -> str | None:
+        if v is not None and v.startswith(("http://", "https://")):
+            plain_url(v, "mlflow_uri")
+        return v
 
 
 class StorageConfig(Section):
@@ -395,6 +416,7 @@ class AC2Config(Section):
     training: TrainingConfig = TrainingConfig()
     eval: EvalConfig = EvalConfig()
     run: RunConfig = RunConfig()
+    tracking: TrackingConfig = TrackingConfig()
     storage: StorageConfig = StorageConfig()
     cluster: ClusterConfig = ClusterConfig()
 
@@ -434,12 +456,14 @@ class AC2Config(Section):
 
     def config_hash(self) -> str:
         """sha256 of the canonical JSON form: identical configs hash identically."""
-        # storage, cluster and model.device say where artifacts live and where stages run, not what they
-        # compute: not hashed. (One config serves a pipeline's GPU and CPU tasks alike: device auto.)
+        # storage, cluster, tracking and model.device say where artifacts live, where stages run and where
+        # figures are shown, not what they compute: not hashed. (One config serves a pipeline's GPU and
+        # CPU tasks alike: device auto.)
         # Nor do the process counts: N processes take the step one process takes (the same weights up to float rounding).
         where = {
             "storage": True,
             "cluster": True,
+            "tracking": True,
             "model": {"device"},
             "training": {"num_processes", "launch"},
             "generation": {"num_processes", "launch"},

@@ -180,6 +180,9 @@ def initial_metrics(cfg: AC2Config, model, tok, problems: Problems) -> dict:
         "run_id": cfg.run_id,
         "iteration": 0,
         "policy_version": 0,
+        # the bootstrap is shared by runs of either algorithm (--bootstrap-from): it names itself
+        "algorithm": "bootstrap",
+        "config_hash": cfg.bootstrap_hash(),
         "val_score": val_score,
         "readiness_share": 0.0,
         "chunk_groups": 0,
@@ -190,6 +193,7 @@ def initial_metrics(cfg: AC2Config, model, tok, problems: Problems) -> dict:
         "critic_error": None,
         "critic_auc": None,
         "full_rollout_tokens": 0.0,
+        **dict.fromkeys(("actor_loss", "clip_fraction", "grad_norm", "kl", "entropy", "critic_loss")),
     }
     for key in ("decode_tokens", "decode_flops", "prefill_flops", "critic_flops", "train_flops"):
         row[key] = row[f"cum_{key}"] = 0

@@ -25,6 +25,8 @@ The modules, each behind this one import:
     artifacts   publish, copy, move, remove, find; manifests and files read back verified
     tables      Parquet tables of a declared schema
     models      model directories: verified, no pickle, a local cache of remote ones
+    lineage     the inputs a stage read, named in the manifests it publishes
+    files       a run folder's plain files (no manifest): config record, summary, timings
 """
 
 from ac2_core.storage.active import settings, using
@@ -39,6 +41,7 @@ from ac2_core.storage.artifacts import (
     read_manifest,
     remove,
 )
+from ac2_core.storage.files import put_file, read_text, write_text
 from ac2_core.storage.manifest import MANIFEST, ArtifactError, Manifest
 from ac2_core.storage.models import PICKLE_SUFFIXES, local_model_dir
 from ac2_core.storage.tables import DATA, read_rows, read_table, table_from_rows, write_table
@@ -58,13 +61,16 @@ __all__ = [
     "local_model_dir",
     "move",
     "publish_dir",
+    "put_file",
     "read_file",
     "read_manifest",
     "read_rows",
     "read_table",
+    "read_text",
     "remove",
     "settings",
     "table_from_rows",
     "using",
     "write_table",
+    "write_text",
 ]

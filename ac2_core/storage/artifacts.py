@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ac2_core.schemas import SCHEMA_VERSION
+from ac2_core.storage import lineage as lineage_
 from ac2_core.storage.manifest import MANIFEST, ArtifactError, Manifest
 from ac2_core.storage.remote import call, in_parallel, objects
 from ac2_core.storage.uris import Target, join, target
@@ -106,10 +107,14 @@ def _publish_remote(t: Target, staging: Path, files: dict[str, dict], manifest_t
 
 
 @contextlib.contextmanager
-def publish_dir(uri: str, *, kind: str, stage: str, config_hash: str, rows: int | None = None) -> Iterator[Path]:
+def publish_dir(
+    uri: str, *, kind: str, stage: str, config_hash: str, rows: int | None = None, lineage: dict | None = None
+) -> Iterator[Path]:
     """Yield an empty local folder; when the block ends without error, publish it at ``uri``.
 
-    On an exception nothing is published and whatever was at ``uri`` before stays.
+    On an exception nothing is published and whatever was at ``uri`` before stays. The
+    manifest names ``lineage``, or else the inputs of the ``storage.lineage.recording`` block
+    this runs in, if any.
     """
     t = target(uri, write=True)  # refuses a URI outside the artifact root, or without credentials
     parent = Path(t.path).parent if t.local else None
@@ -121,7 +126,7 @@ def publish_dir(uri: str, *, kind: str, stage: str, config_hash: str, rows: int 
         if (staging / MANIFEST).exists():
             raise ArtifactError(f"{uri}: the writer must not create {MANIFEST} itself")
         files = _describe(staging, t.section.io_threads)
-        manifest = Manifest(kind, stage, config_hash, SCHEMA_VERSION, rows, files)
+        manifest = Manifest(kind, stage, config_hash, SCHEMA_VERSION, rows, files, lineage or lineage_.current())
         if parent is not None:
             (staging / MANIFEST).write_text(manifest.to_json())
             _publish_local(staging, Path(t.path))
@@ -134,7 +139,7 @@ def publish_dir(uri: str, *, kind: str, stage: str, config_hash: str, rows: int 
 def copy(src: str, dst: str) -> None:
     """Republish the verified artifact at ``src`` under ``dst``, manifest fields unchanged."""
     m = read_manifest(src)
-    with publish_dir(dst, kind=m.kind, stage=m.stage, config_hash=m.config_hash, rows=m.rows) as folder:
+    with publish_dir(dst, kind=m.kind, stage=m.stage, config_hash=m.config_hash, rows=m.rows, lineage=m.lineage) as folder:
         for name in m.files:
             (folder / name).parent.mkdir(parents=True, exist_ok=True)
             (folder / name).write_bytes(read_file(src, name))

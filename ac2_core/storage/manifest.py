@@ -1,4 +1,5 @@
-"""An artifact's manifest: what it is, who wrote it, and the hash of every file in it."""
+"""An artifact's manifest: what it is, who wrote it, the hash of every file in it, and
+(optionally) what it was made from."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ class Manifest:
     schema_version: int
     rows: int | None
     files: dict[str, dict]  # name -> {"sha256": ..., "bytes": ...}
+    # optional: {"iteration": k, "inputs": {keyword: {"uri": ..., "content_hash": ...}}} (``storage.lineage``);
+    # a separate field, absent from manifests written without it, so the manifest stays readable either way
+    lineage: dict | None = None
 
     @property
     def content_hash(self) -> str:
@@ -41,6 +45,8 @@ class Manifest:
             "files": {k: self.files[k] for k in sorted(self.files)},
             "content_hash": self.content_hash,
         }
+        if self.lineage is not None:
+            body["lineage"] = self.lineage
         return json.dumps(body, indent=1, sort_keys=True) + "\n"
 
     @classmethod
@@ -56,6 +62,19 @@ class Manifest:
                 schema_version=int(body["schema_version"]),
                 rows=body["rows"],
                 files=dict(body["files"]),
+                lineage=_lineage(body.get("lineage")),
             )
         except (ValueError, KeyError, TypeError) as e:
             raise ArtifactError(f"{uri}: {MANIFEST} is malformed ({e})") from None
+
+
+def _lineage(value) -> dict | None:
+    """The optional ``lineage`` field, checked for shape (a ValueError says what is wrong)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("inputs"), dict):
+        raise ValueError("lineage is not {iteration, inputs}")
+    for keyword, entry in value["inputs"].items():
+        if not isinstance(entry, dict) or not {"uri", "content_hash"} <= entry.keys():
+            raise ValueError(f"lineage input {keyword!r} lacks uri or content_hash")
+    return value

@@ -1,0 +1,103 @@
+"""Progress with elapsed time and ETA: the warm start's steps and a run's iterations.
+
+On a terminal a tqdm bar stays at the bottom while the run's lines scroll above it; where
+the output is not a terminal (a file, CI, kfp.local's task log) each update is one plain
+line with the same figures, so a log reads the same without control codes. The ETA is the
+mean time per step (or iteration) done in this session times the number left.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections.abc import Callable
+
+Log = Callable[[str], None]
+
+# the warm start's report line (``training.sft``): its step and its planned length
+WARM_START = re.compile(r"^warm start step (\d+)/(\d+)\b")
+
+
+def clock(seconds: float) -> str:
+    """``m:ss`` or ``h:mm:ss``."""
+    s = int(round(seconds))
+    h, rest = divmod(s, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+
+
+class Progress:
+    """``total`` steps of work, ``start`` of them already done (a resumed run)."""
+
+    def __init__(self, label: str, total: int, *, log: Log, start: int = 0, tty: bool | None = None, file=None, unit="it"):
+        self.label, self.total, self.start, self.log = label, total, start, log
+        self.file = file if file is not None else sys.stderr
+        self.tty = self.file.isatty() if tty is None else tty
+        self.t0 = time.perf_counter()
+        self.done = start
+        self.bar = None
+        if self.tty:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=start, desc=label, unit=unit, file=self.file, dynamic_ncols=True, leave=False)
+
+    def figures(self) -> tuple[float, float | None]:
+        """(seconds since this session started, estimated seconds left or None before the first step)."""
+        elapsed = time.perf_counter() - self.t0
+        ran = self.done - self.start
+        return elapsed, (elapsed / ran * (self.total - self.done) if ran > 0 else None)
+
+    def suffix(self) -> str:
+        elapsed, left = self.figures()
+        eta = "-" if left is None else clock(left)
+        return f"[{self.done}/{self.total}, elapsed {clock(elapsed)}, eta {eta}]"
+
+    def update(self, done: int, line: str | None = None) -> None:
+        """Mark ``done`` steps finished; print ``line`` (with the figures, where there is no bar)."""
+        self.done = done
+        if self.bar is None:
+            if line is not None:
+                self.log(f"{line}   {self.suffix()}")
+            return
+        self.bar.n = done
+        self.bar.refresh()
+        if line is not None:
+            self.write(line)
+
+    def write(self, line: str) -> None:
+        """Print ``line`` above the bar (as is, where there is none)."""
+        if self.bar is None:
+            self.log(line)
+            return
+        from tqdm import tqdm
+
+        with tqdm.external_write_mode(file=self.file):
+            self.log(line)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def warm_start_log(log: Log, *, tty: bool | None = None, file=None) -> tuple[Log, Callable[[], None]]:
+    """A ``log`` for the bootstrap that turns the warm start's step lines into a progress display
+    (with elapsed time and ETA over its planned steps); other lines pass through. Returns it and
+    the function that closes the display."""
+    state: dict[str, Progress] = {}
+
+    def sink(line: str) -> None:
+        m = WARM_START.match(line)
+        if m is None:
+            (state["p"].write if "p" in state else log)(line)
+            return
+        step, total = int(m.group(1)), int(m.group(2))
+        if "p" not in state:
+            state["p"] = Progress("warm start", total, log=log, tty=tty, file=file, unit="step")
+        state["p"].update(step, line)
+
+    def close() -> None:
+        if "p" in state:
+            state.pop("p").close()
+
+    return sink, close
