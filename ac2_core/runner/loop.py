@@ -134,13 +134,15 @@ def best_iteration(rows: list[dict]) -> int | None:
     return max(scored, key=lambda r: (r["val_score"], -r["iteration"]))["iteration"] if scored else None
 
 
-def prune(cfg: AC2Config, layout: RunLayout, it: int, rows: list[dict]) -> None:
+def prune(cfg: AC2Config, layout: RunLayout, it: int, rows: list[dict] | None = None) -> None:
     """Keep the checkpoints of the newest ``run.keep_models`` iterations and, with ``run.keep_best``,
     those of the best validation score so far; drop the rest (tables are kept).
 
     Called after each iteration: what it may drop is the iteration that just left the newest
     ones and a best that has just been beaten (both, on a resumed run, found from ``rows``).
     """
+    if rows is None and cfg.run.keep_best:
+        rows = storage.read_rows(layout.output(it, "metrics"), kind="metrics")
     keep = set(range(it - cfg.run.keep_models + 1, it + 1))
     best_now = best_iteration(rows) if cfg.run.keep_best else None
     best_before = best_iteration([r for r in rows if r["iteration"] < it]) if cfg.run.keep_best else None

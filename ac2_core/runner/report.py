@@ -95,7 +95,9 @@ def metrics_markdown(rows: list[dict], seconds: dict[int, dict[str, float]] | No
     stat_heads = ["actor loss", "clip frac.", "grad norm", "KL", "entropy", "critic loss", "critic AUC", "calib. error"]
     head = ["iteration", "validation score", "readiness share", "chunk/full groups", "decode tokens", "tokens saved"]
     head += [*stat_heads, "decode FLOPs (cum.)", "algorithm", "config"] + (["seconds"] if timed else [])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * (len(head) - 2) + ":---|:---|" + ("---:|" if timed else "")]
+    align = ["---:"] * len(head)
+    align[head.index("algorithm")] = align[head.index("config")] = ":---"
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
     for m in rows:
         cells = [
             str(m["iteration"]),

@@ -19,6 +19,7 @@ import ac2_core
 from ac2_core import storage
 from ac2_core.runner import inprocess, report
 from ac2_core.runner.layout import RunLayout
+from ac2_core.runner.timings import read_timings
 from pipelines import local
 from pipelines.cli import main
 from tests.conftest import tiny_config
@@ -32,7 +33,7 @@ ITERATION_OUTPUTS = {
     "check_readiness": ("readiness", "advantages"),
     "update_actor": ("actor",),
     "update_critic": ("critic",),
-    "evaluate": ("metrics",),
+    "evaluate": ("samples", "metrics"),
 }
 
 
@@ -74,6 +75,16 @@ def test_ac2_runs_two_chained_iterations(kfp_run, kfp_layout):
         "metadata"
     ]
     assert figures["iteration"] == 2 and "cum_decode_flops" in figures
+    # the KFP UI's scalars include the training statistics (KFP Metrics, read back from the run)
+    assert figures["entropy"] == pytest.approx(rows[-1]["entropy"]) and figures["critic_loss"] > 0
+    assert "## Samples of this iteration" in table
+    # the logs hold no terminal escape codes; runs.json and the manifests name nothing outside the run folder
+    assert not any("\x1b" in f.read_text() for f in (out / "kfp" / "logs").glob("*.log"))
+    assert all("/" not in name for name in json.loads((out / "kfp" / "runs.json").read_text())["runs"].values())
+    inputs = storage.read_manifest(kfp_layout.output(2, "metrics")).lineage["inputs"]
+    assert inputs["actor"]["uri"] == "iter-0002/update_actor/actor" and inputs["metrics"]["uri"] == "iter-0001/evaluate/metrics"
+    # seconds per stage, from the tasks' KFP metadata, outside the artifacts
+    assert set(read_timings(str(out))[2]) == set(ITERATION_OUTPUTS)
     # every stage ran in a worker of the warm task host (the default); none fell back to a cold start
     assert "imports done" in (out / "kfp" / "logs" / "taskhost.log").read_text()
     assert not any("in the task's own process" in f.read_text() for f in (out / "kfp" / "logs").glob("iter-*.log"))
@@ -163,6 +174,8 @@ def test_an_inprocess_run_adopts_a_kfp_run_folder_and_ac2_stage_reruns_its_stage
         for name in names:
             uri = f"{ip}/iter-0001/{stage}/{name}"
             assert storage.content_hash(uri) == storage.content_hash(kfp_layout.output(1, name)), uri
+            # and the same lineage: both runners name the inputs by their place in the run folder
+            assert storage.read_manifest(uri).lineage == storage.read_manifest(kfp_layout.output(1, name)).lineage, uri
     # the README's `ac2 stage` example, on the kfp run folder
     argv = ["stage", "check_readiness", "--config", config, "--iteration", "2"]
     argv += ["--in", f"readiness={out}/iter-0001/check_readiness/readiness"]

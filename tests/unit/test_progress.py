@@ -1,0 +1,47 @@
+"""Progress with elapsed time and ETA: plain lines off a terminal, a bar on one, the warm start's steps."""
+
+from __future__ import annotations
+
+import io
+
+from ac2_core.runner import progress
+from ac2_core.runner.progress import Progress, warm_start_log
+
+
+def test_plain_lines_carry_elapsed_time_and_an_eta_from_this_sessions_pace(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: now[0])
+    lines: list[str] = []
+    p = Progress("iterations", 10, log=lines.append, start=4, tty=False)  # a run resumed after iteration 4
+    assert p.suffix() == "[4/10, elapsed 0:00, eta -]"
+    now[0] += 30.0
+    p.update(5, "row 5")
+    now[0] += 30.0
+    p.update(6, "row 6")
+    # 2 iterations in 60 s, 4 left: 2 minutes
+    assert lines == ["row 5   [5/10, elapsed 0:30, eta 2:30]", "row 6   [6/10, elapsed 1:00, eta 2:00]"]
+    assert progress.clock(3725) == "1:02:05"
+
+
+def test_on_a_terminal_a_bar_stays_below_the_lines():
+    screen, lines = io.StringIO(), []
+    p = Progress("iterations", 4, log=lines.append, tty=True, file=screen)
+    p.update(1, "row 1")
+    p.update(2, "row 2")
+    p.close()
+    assert lines == ["row 1", "row 2"]  # the rows themselves carry no figures: the bar has them
+    assert "iterations" in screen.getvalue() and "2/4" in screen.getvalue()
+
+
+def test_the_warm_starts_step_lines_become_progress():
+    lines: list[str] = []
+    sink, close = warm_start_log(lines.append, tty=False)
+    sink("warm start: SFT on 64 worked solutions, 20 steps")
+    sink("warm start step 5/20 loss 5.255 score 0.00")
+    sink("warm start step 10/20 loss 4.695 score 0.00")
+    sink("warm start: 20 steps, sampled score 0.0")
+    close()
+    assert lines[0] == "warm start: SFT on 64 worked solutions, 20 steps"
+    assert lines[1].startswith("warm start step 5/20 loss 5.255 score 0.00   [5/20, elapsed ")
+    assert lines[2].startswith("warm start step 10/20") and "eta " in lines[2]
+    assert lines[3] == "warm start: 20 steps, sampled score 0.0"
