@@ -406,7 +406,8 @@ def main(argv: list[str] | None = None) -> int:
         if code is None and args.debug:
             raise
         if code is None:
-            print(f"ac2: unexpected {type(e).__name__}: {exits.one_line(e)} (ac2 --debug ... shows the traceback)", file=sys.stderr)
+            hint = "(ac2 --debug ... shows the traceback)"
+            print(f"ac2: unexpected {type(e).__name__}: {exits.one_line(e)} {hint}", file=sys.stderr)
             return exits.FAILED
         print(f"ac2: {exits.one_line(e)}", file=sys.stderr)
         return code

@@ -68,8 +68,8 @@ def run(
             " nothing to run, and the run folder is left as it is"
         )
         return storage.read_rows(layout.output(state.done, "metrics"), kind="metrics")
-    record.record(cfg, layout)
     trackers = Trackers(cfg, out_dir)
+    record.record(cfg, layout)
     try:
         _bootstrap(cfg, layout, runner, log, bootstrap_from, tty)
         done = layout.completed_iterations()

@@ -161,7 +161,8 @@ def plot_learning_curves(runs: dict[str, list[dict]], out: Path) -> None:
     fig, (by_iter, by_flops) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=120, sharey=True)
     for label, rows in scored.items():
         by_iter.plot([r["iteration"] for r in rows], [r["val_score"] for r in rows], marker="o", ms=3, label=label)
-        by_flops.plot([r["cum_decode_flops"] / scale for r in rows], [r["val_score"] for r in rows], marker="o", ms=3, label=label)
+        flops = [r["cum_decode_flops"] / scale for r in rows]
+        by_flops.plot(flops, [r["val_score"] for r in rows], marker="o", ms=3, label=label)
     by_iter.set_xlabel("iteration")
     by_flops.set_xlabel(f"cumulative decode compute ({unit})")
     by_iter.set_ylabel("validation score (mean reward)")
@@ -206,7 +207,8 @@ def write_report(run_dirs: list[str], out_dir: str | None = None) -> tuple[str, 
         runs[label] = rows
         part = [f"## {label}", "", f"`{run_dir}`", "", metrics_markdown(rows, read_timings(layout.root))]
         if storage.exists(layout.output(done, "samples")):
-            part += ["", f"Samples of iteration {done}:", "", samples_markdown(storage.read_rows(layout.output(done, "samples"), kind="samples"))]
+            samples = storage.read_rows(layout.output(done, "samples"), kind="samples")
+            part += ["", f"Samples of iteration {done}:", "", samples_markdown(samples)]
         sections.append("\n".join(part))
     png, md = storage.join(out_dir, "learning_curve.png"), storage.join(out_dir, "report.md")
     with tempfile.TemporaryDirectory(prefix="ac2-report-") as tmp:

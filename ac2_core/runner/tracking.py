@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from ac2_core import storage
-from ac2_core.config import AC2Config
+from ac2_core.config import AC2Config, ConfigError
 from ac2_core.runner.report import SCALARS, tokens_saved
 from ac2_core.storage.uris import target
 
@@ -128,6 +128,11 @@ class Trackers:
 
     def __init__(self, cfg: AC2Config, root: str):
         self.sinks: list = []
+        # both imports first: a missing package stops the run before anything is written
+        if cfg.tracking.tensorboard:
+            _need("torch.utils.tensorboard", "tracking.tensorboard needs the tensorboard package, or set it to false")
+        if cfg.tracking.mlflow_uri:
+            _need("mlflow", "tracking.mlflow_uri needs MLflow's client: pip install 'ac2[mlflow]'")
         if cfg.tracking.tensorboard:
             self.sinks.append(TensorBoard(root))
         if cfg.tracking.mlflow_uri:
@@ -141,3 +146,12 @@ class Trackers:
     def close(self) -> None:
         for sink in self.sinks:
             sink.close()
+
+
+def _need(module: str, message: str) -> None:
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(message) from None

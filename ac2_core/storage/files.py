@@ -42,9 +42,9 @@ def put_file(local: Path, uri: str) -> None:
     """Copy the local file ``local`` to ``uri`` (an upload to object storage)."""
     t = target(uri, write=True)
     if t.local:
-        write_bytes = Path(t.path)
-        write_bytes.parent.mkdir(parents=True, exist_ok=True)
-        if write_bytes.resolve() != local.resolve():
-            write_bytes.write_bytes(local.read_bytes())
+        dest = Path(t.path)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.resolve() != local.resolve():
+            dest.write_bytes(local.read_bytes())
         return
     call(t, f"upload of {local.name}", "put_file", str(local), t.path, nbytes=local.stat().st_size)
