@@ -138,7 +138,8 @@ METRICS = pa.schema(
     [
         *_versioned,
         pa.field("algorithm", pa.string(), nullable=False),  # ac2 | grpo: what made the row
-        pa.field("config_hash", pa.string(), nullable=False),  # of the config that made the row
+        # AC2Config.run_hash of the run that made the row (the bootstrap's row: its bootstrap_hash)
+        pa.field("config_hash", pa.string(), nullable=False),
         pa.field("val_score", pa.float32()),  # null on iterations without evaluation
         pa.field("readiness_share", pa.float32(), nullable=False),  # ready problems / problems with a window
         pa.field("chunk_groups", pa.int32(), nullable=False),

@@ -104,7 +104,7 @@ def _resume_hint(out: str) -> str:
 
 def cmd_validate(args) -> int:
     cfg = _config(args)
-    report = {"ok": True, "algorithm": cfg.algorithm, "config_hash": cfg.config_hash()}
+    report = {"ok": True, "algorithm": cfg.algorithm, "config_hash": cfg.config_hash(), "run_hash": cfg.run_hash()}
     if cfg.uses_critic:
         report.update(_saving_bound(cfg))
     print(json.dumps(report))

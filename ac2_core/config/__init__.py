@@ -399,6 +399,24 @@ class StorageConfig(Section):
         return self
 
 
+# storage, cluster, tracking and model.device say where artifacts live, where stages run and where
+# figures are shown, not what they compute: not hashed. (One config serves a pipeline's GPU and CPU
+# tasks alike: device auto.) Nor do the process counts: N processes take the step one process takes
+# (the same weights up to float rounding).
+WHERE = {
+    "storage": True,
+    "cluster": True,
+    "tracking": True,
+    "model": {"device"},
+    "training": {"num_processes", "launch"},
+    "generation": {"num_processes", "launch"},
+}
+
+# What may differ between the runs of one run folder (``ac2_core.runner.record``): where artifacts
+# live, stages run and figures are shown (none of it hashed), the run length and what is kept.
+SETTLED = {**WHERE, "run": {"iterations", "keep_models", "keep_best"}}
+
+
 class AC2Config(Section):
     run_id: str = Field("ac2", pattern=r"^[a-z0-9][a-z0-9-]{0,62}$", description="name of the run")
     algorithm: Literal["ac2", "grpo"] = Field("ac2", description="ac2, or the grpo baseline built from the same stages")
@@ -456,19 +474,14 @@ class AC2Config(Section):
 
     def config_hash(self) -> str:
         """sha256 of the canonical JSON form: identical configs hash identically."""
-        # storage, cluster, tracking and model.device say where artifacts live, where stages run and where
-        # figures are shown, not what they compute: not hashed. (One config serves a pipeline's GPU and
-        # CPU tasks alike: device auto.)
-        # Nor do the process counts: N processes take the step one process takes (the same weights up to float rounding).
-        where = {
-            "storage": True,
-            "cluster": True,
-            "tracking": True,
-            "model": {"device"},
-            "training": {"num_processes", "launch"},
-            "generation": {"num_processes", "launch"},
-        }
-        canonical = json.dumps(self.model_dump(mode="json", exclude=where), sort_keys=True, separators=(",", ":"))
+        canonical = json.dumps(self.model_dump(mode="json", exclude=WHERE), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def run_hash(self) -> str:
+        """sha256 of what every iteration of one run folder shares: the config hash's fields less the
+        run length and what is kept (``SETTLED``), which a resumed run may change. The metrics
+        table's ``config_hash`` column: one value for a whole run, whichever runner and run length."""
+        canonical = json.dumps(self.model_dump(mode="json", exclude=SETTLED), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     def bootstrap_hash(self) -> str:

@@ -8,7 +8,7 @@ the run first starts (both runners), before anything else. It is a valid ``--con
 - another value of any field that changes what is computed stops the run, listing the fields;
 - the run length (``run.iterations``) may differ: a longer run continues after the last
   finished iteration (and the record takes the new length), a shorter one changes nothing;
-- so may what only says what is kept or where things live and are shown (``SETTLED``).
+- so may what only says what is kept or where things live and are shown (``config.SETTLED``).
 
 ``--resume never`` refuses a folder that holds any of a run.
 """
@@ -20,14 +20,11 @@ from dataclasses import dataclass
 import yaml
 
 from ac2_core import storage
-from ac2_core.config import AC2Config, ConfigError, parse_config
+from ac2_core.config import SETTLED, AC2Config, ConfigError, parse_config
 from ac2_core.runner.layout import RunLayout
 from ac2_core.stages.recipe import BOOTSTRAP_STAGE
 
 CONFIG_FILE = "config.yaml"
-# may differ between the record and a resumed run: the run length, what is kept, and where
-# artifacts live, stages run and figures are shown (none changes an artifact's bytes)
-SETTLED = ("run.iterations", "run.keep_models", "run.keep_best", "storage", "cluster", "tracking", "model.device")
 HEADER = "# The resolved config of this run folder, recorded by `ac2 run` at first start; usable as --config.\n"
 
 
@@ -59,8 +56,6 @@ def _flat(data: dict, prefix: str = "") -> dict:
     out = {}
     for key, value in data.items():
         name = f"{prefix}{key}"
-        if any(name == s or name.startswith(s + ".") for s in SETTLED):
-            continue
         if isinstance(value, dict) and value:
             out.update(_flat(value, name + "."))
         else:
@@ -69,8 +64,9 @@ def _flat(data: dict, prefix: str = "") -> dict:
 
 
 def differences(recorded: AC2Config, cfg: AC2Config) -> list[str]:
-    """``field: recorded X, now Y`` for each field outside ``SETTLED`` that differs, sorted."""
-    a, b = _flat(recorded.model_dump(mode="json")), _flat(cfg.model_dump(mode="json"))
+    """``field: recorded X, now Y`` for each field outside ``config.SETTLED`` that differs, sorted
+    (none exactly when the two ``run_hash`` agree)."""
+    a, b = _flat(recorded.model_dump(mode="json", exclude=SETTLED)), _flat(cfg.model_dump(mode="json", exclude=SETTLED))
     return [f"{k}: recorded {a.get(k)!r}, now {b.get(k)!r}" for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
 
 

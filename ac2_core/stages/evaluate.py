@@ -214,7 +214,7 @@ def run(
         "iteration": iteration,
         "policy_version": ckpt.version,
         "algorithm": cfg.algorithm,
-        "config_hash": cfg.config_hash(),
+        "config_hash": cfg.run_hash(),  # one value for the whole run, whatever its length
         "val_score": val_score,
         "readiness_share": sum(w["ready"] for w in windows) / len(windows) if windows else 0.0,
         "chunk_groups": sum(p["mode"] == "chunk" for p in prefix_rows),
