@@ -190,10 +190,12 @@ def cmd_report(args) -> int:
 
 
 def cmd_lineage(args) -> int:
+    from ac2_core import storage
     from ac2_core.runner.lineage import chain
 
-    for line in chain(args.artifact, depth=args.depth):
-        print(line, flush=True)
+    with storage.using(load_config(args.config).storage) if args.config else _nothing():
+        lines = chain(args.artifact, depth=args.depth)
+    print("\n".join(lines), flush=True)
     return 0
 
 
@@ -340,7 +342,7 @@ def _did_you_mean(parser: argparse.ArgumentParser, message: str) -> str:
         flags = [opt for action in parser._actions for opt in action.option_strings]
         for action in parser._actions:  # the chosen command's flags too (argparse reports extras on the top parser)
             if isinstance(action, argparse._SubParsersAction):
-                chosen = next((a for a in parser._argv_seen if a in action.choices), None)
+                chosen = next((a for a in getattr(parser, "_argv_seen", []) if a in action.choices), None)
                 if chosen:
                     flags += [opt for a in action.choices[chosen]._actions for opt in a.option_strings]
         hints = []
@@ -385,6 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     ln = sub.add_parser("lineage", help="the chain of artifacts that made one, back to the bootstrap", description=LINEAGE_HELP)
     ln.add_argument("artifact", metavar="ARTIFACT_URI")
     ln.add_argument("--depth", type=int, help="follow inputs at most this many iterations back (default: all)")
+    ln.add_argument("--config", help="a config whose storage section reaches s3:// artifacts (default: the environment)")
     ln.set_defaults(fn=cmd_lineage)
     return p
 

@@ -15,7 +15,9 @@ from collections.abc import Callable
 
 Log = Callable[[str], None]
 
-# the warm start's report line (``training.sft``): its step and its planned length
+# the warm start's first line (``stages.bootstrap``), which starts its clock, and its report
+# lines (``training.sft``): the step and the planned length
+WARM_START_BEGINS = re.compile(r"^warm start: SFT on .*?\b(\d+) steps\b")
 WARM_START = re.compile(r"^warm start step (\d+)/(\d+)\b")
 
 
@@ -87,13 +89,15 @@ def warm_start_log(log: Log, *, tty: bool | None = None, file=None) -> tuple[Log
     state: dict[str, Progress] = {}
 
     def sink(line: str) -> None:
+        if (begins := WARM_START_BEGINS.match(line)) and "p" not in state:
+            state["p"] = Progress("warm start", int(begins.group(1)), log=log, tty=tty, file=file, unit="step")
         m = WARM_START.match(line)
         if m is None:
             (state["p"].write if "p" in state else log)(line)
             return
         step, total = int(m.group(1)), int(m.group(2))
-        if "p" not in state:
-            state["p"] = Progress("warm start", total, log=log, tty=tty, file=file, unit="step")
+        if "p" not in state:  # no first line seen: the clock starts here, the ETA at the next step
+            state["p"] = Progress("warm start", total, log=log, start=step, tty=tty, file=file, unit="step")
         state["p"].update(step, line)
 
     def close() -> None:

@@ -77,7 +77,7 @@ def test_fewer_iterations_than_done_says_so_and_changes_nothing(watched, capsys)
     assert _snapshot(out) == before
 
 
-def test_every_manifest_names_its_inputs_relative_to_the_run_folder_and_lineage_reaches_the_bootstrap(watched, tmp_path):
+def test_every_manifest_names_its_inputs_relative_to_the_run_folder_and_lineage_reaches_the_bootstrap(watched, tmp_path, capsys):
     _, out, _, _, _ = watched
     for uri in storage.find_artifacts(str(out)):
         lineage = storage.read_manifest(uri).lineage
@@ -94,6 +94,10 @@ def test_every_manifest_names_its_inputs_relative_to_the_run_folder_and_lineage_
     assert not any("changed:" in line for line in lines)
     # the pruned checkpoint of iteration 2 (keep_models 1, best at iteration 1) is reported gone
     assert any("<- actor: iter-0002/update_actor/actor" in line and "gone" in line for line in lines)
+    # the command: --depth 0 stays within the artifact's own iteration
+    assert main(["lineage", str(moved / "iter-0003" / "evaluate" / "metrics"), "--depth", "0"]) == 0
+    shown = [line for line in capsys.readouterr().out.splitlines() if not line.startswith(" ")]
+    assert shown[0].startswith("iter-0003/evaluate/metrics") and all(line.startswith("iter-0003/") for line in shown)
 
 
 def test_training_statistics_seconds_and_samples(watched):

@@ -33,15 +33,21 @@ def test_on_a_terminal_a_bar_stays_below_the_lines():
     assert "iterations" in screen.getvalue() and "2/4" in screen.getvalue()
 
 
-def test_the_warm_starts_step_lines_become_progress():
+def test_the_warm_starts_step_lines_become_progress_timed_from_its_first_line(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: now[0])
     lines: list[str] = []
     sink, close = warm_start_log(lines.append, tty=False)
-    sink("warm start: SFT on 64 worked solutions, 20 steps")
+    sink("warm start: SFT on 64 worked solutions, 20 steps, stopping early at score 0.2")
+    now[0] = 10.0
     sink("warm start step 5/20 loss 5.255 score 0.00")
+    now[0] = 20.0
     sink("warm start step 10/20 loss 4.695 score 0.00")
     sink("warm start: 20 steps, sampled score 0.0")
     close()
-    assert lines[0] == "warm start: SFT on 64 worked solutions, 20 steps"
-    assert lines[1].startswith("warm start step 5/20 loss 5.255 score 0.00   [5/20, elapsed ")
-    assert lines[2].startswith("warm start step 10/20") and "eta " in lines[2]
-    assert lines[3] == "warm start: 20 steps, sampled score 0.0"
+    assert lines == [
+        "warm start: SFT on 64 worked solutions, 20 steps, stopping early at score 0.2",
+        "warm start step 5/20 loss 5.255 score 0.00   [5/20, elapsed 0:10, eta 0:30]",  # 2 s a step since the start
+        "warm start step 10/20 loss 4.695 score 0.00   [10/20, elapsed 0:20, eta 0:20]",
+        "warm start: 20 steps, sampled score 0.0",
+    ]
