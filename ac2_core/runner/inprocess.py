@@ -66,16 +66,8 @@ class InProcess:
         return run_iteration(cfg, layout, it, self.store)["seconds"]
 
 
-def run(
-    cfg: AC2Config,
-    out_dir: str,
-    *,
-    log: Log = print,
-    bootstrap_from: str | None = None,
-    resume: str = "auto",
-    tty: bool | None = None,
-) -> list[dict]:
-    """``ac2 run --runner inprocess``: ``loop.run`` with the stages in this process; returns the metrics rows."""
+def run(cfg: AC2Config, out_dir: str, *, log: Log = print, **options) -> list[dict]:
+    """``ac2 run --runner inprocess``: ``loop.run`` with the stages in this process, and its
+    ``options`` (``bootstrap_from``, ``resume``, ``tty``); returns the metrics rows."""
     with storage.using(cfg.storage):  # endpoint, retries and artifact root of every stage below
-        runner = InProcess(cfg, log)
-        return loop.run(cfg, out_dir, runner, log=log, bootstrap_from=bootstrap_from, resume=resume, tty=tty)
+        return loop.run(cfg, out_dir, InProcess(cfg, log), log=log, **options)
