@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from ac2_core import storage
 from ac2_core.stages.recipe import BOOTSTRAP_STAGE, PRODUCER
 
-
 # an artifact's path in a run folder: bootstrap/<name> or iter-NNNN/<stage>/<name>
 _IN_RUN = re.compile(r"^(?P<root>.*?)/?(?P<path>bootstrap/[^/]+|iter-(?P<it>\d{4,})/[^/]+/[^/]+)/?$")
 

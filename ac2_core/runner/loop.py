@@ -16,8 +16,8 @@ from typing import Protocol
 
 from ac2_core import storage
 from ac2_core.config import AC2Config
-from ac2_core.runner.layout import RunLayout
 from ac2_core.runner import record
+from ac2_core.runner.layout import RunLayout
 from ac2_core.runner.progress import Progress, warm_start_log
 from ac2_core.runner.report import HEADER, format_row, metrics_markdown
 from ac2_core.runner.timings import add_timing, read_timings

@@ -23,9 +23,8 @@ STATS = (
     ("critic_auc", "auc", "{:>5.3f}"),
     ("critic_error", "calib", "{:>5.3f}"),
 )
-HEADER = (
-    f"{'iter':>5} {'val':>6} {'ready':>7} {'chunk/full':>11} {'dec_tok':>9} {'saved':>6} {'cum_dec_FLOPs':>12} "
-    + " ".join(f"{h:>{len(f.format(0.0))}}" for _, h, f in STATS)
+HEADER = f"{'iter':>5} {'val':>6} {'ready':>7} {'chunk/full':>11} {'dec_tok':>9} {'saved':>6} {'cum_dec_FLOPs':>12} " + " ".join(
+    f"{h:>{len(f.format(0.0))}}" for _, h, f in STATS
 )
 
 # each metrics column as the trackers (TensorBoard, MLflow, KFP) name it: grouped by what it is about
