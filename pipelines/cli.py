@@ -263,7 +263,12 @@ def _add_run(sub) -> None:
 
 
 def _add_plan(sub) -> None:
-    pl = sub.add_parser("plan", help="memory per GPU, FLOPs and time of one iteration on N GPUs per task (docs/scale.md)")
+    pl = sub.add_parser(
+        "plan",
+        help="memory per GPU, FLOPs and time of one iteration on N GPUs per task (docs/scale.md)",
+        description="Size a config for N GPUs per task: the memory per GPU of each GPU stage, the FLOPs of one"
+        " iteration and its time at stated H200 rates (docs/scale.md explains the numbers).",
+    )
     _with_config(pl)
     pl.add_argument("--gpus", type=int, required=True, help="GPUs of each GPU stage's task")
     pl.add_argument("--arch", help="an HF config.json to size the model from (default: model.path's, or the tiny model's)")

@@ -35,7 +35,7 @@ def test_version(capsys):
 
 def test_every_command_has_a_description():
     (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
-    assert set(sub.choices) == {"run", "validate", "compile", "submit", "stage", "report", "lineage"}
+    assert set(sub.choices) == {"run", "validate", "plan", "compile", "submit", "stage", "report", "lineage"}
     for name, parser in sub.choices.items():
         assert parser.description and len(parser.description) > 40, name
 
