@@ -27,7 +27,8 @@ def watched(tmp_path_factory):
     """(config file, run folder, rows, console lines, MLflow URI) of a finished 3-iteration run."""
     base = tmp_path_factory.mktemp("watch")
     mlflow_uri = f"file:{base / 'mlruns'}"
-    cfg = tiny_config(run__iterations=3, run__keep_models=1, tracking__mlflow_uri=mlflow_uri)
+    # actor.lr pinned: the resume and MLflow tests name its recorded value
+    cfg = tiny_config(run__iterations=3, run__keep_models=1, actor__lr=3e-5, tracking__mlflow_uri=mlflow_uri)
     config = base / "tiny.yaml"
     config.write_text(record.config_yaml(cfg))
     out = base / "run"
@@ -48,7 +49,9 @@ def test_the_run_folder_records_its_config_and_the_rows_name_algorithm_and_hash(
     made = storage.read_manifest(str(out / "iter-0003" / "evaluate" / "metrics")).config_hash
     assert recorded.config_hash() == made
     # the rows' config hash leaves out the run length: one value for the run, however long
-    assert rows[-1]["config_hash"] == recorded.run_hash() == tiny_config(run__iterations=7, run__keep_models=1).run_hash()
+    longer = load_config(config, {"run.iterations": 7})
+    assert rows[-1]["config_hash"] == recorded.run_hash() == longer.run_hash()
+    assert longer.config_hash() != recorded.config_hash()
     assert [r["algorithm"] for r in rows] == ["bootstrap", "ac2", "ac2", "ac2"]
 
 
