@@ -18,7 +18,7 @@ from ac2_core import storage
 from ac2_core.config import AC2Config
 from ac2_core.runner import record
 from ac2_core.runner.layout import RunLayout
-from ac2_core.runner.progress import Progress, warm_start_log
+from ac2_core.runner.progress import Progress, bootstrap_log
 from ac2_core.runner.report import HEADER, format_row, metrics_markdown
 from ac2_core.runner.timings import add_timing, read_timings
 from ac2_core.runner.tracking import Trackers
@@ -100,7 +100,7 @@ def _bootstrap(cfg: AC2Config, layout: RunLayout, runner: Runner, log: Log, boot
         adopt_bootstrap(cfg, layout, bootstrap_from)
         log(f"bootstrap adopted from {bootstrap_from}")
         return
-    warm_log, close = warm_start_log(log, tty=tty)
+    warm_log, close = bootstrap_log(log, tty=tty)
     try:
         runner.bootstrap(cfg, layout, warm_log)
     finally:

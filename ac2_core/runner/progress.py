@@ -1,4 +1,4 @@
-"""Progress with elapsed time and ETA: the warm start's steps and a run's iterations.
+"""Progress with elapsed time and ETA: the bootstrap's warm start and critic reading, and a run's iterations.
 
 On a terminal a tqdm bar stays at the bottom while the run's lines scroll above it; where
 the output is not a terminal (a file, CI, kfp.local's task log) each update is one plain
@@ -15,10 +15,13 @@ from collections.abc import Callable
 
 Log = Callable[[str], None]
 
-# the warm start's first line (``stages.bootstrap``), which starts its clock, and its report
-# lines (``training.sft``): the step and the planned length
-WARM_START_BEGINS = re.compile(r"^warm start: SFT on .*?\b(\d+) steps\b")
-WARM_START = re.compile(r"^warm start step (\d+)/(\d+)\b")
+# The bootstrap's phases of planned length: each one's first line (``stages.bootstrap``), which
+# starts its clock, and its report lines (``training.sft``: the step and the planned length).
+PHASE_BEGINS = (
+    ("warm start", re.compile(r"^warm start: SFT on .*?\b(\d+) steps\b")),
+    ("critic reading", re.compile(r"^critic reading: (\d+) steps\b")),
+)
+PHASE_STEP = re.compile(r"^(warm start|critic reading) step (\d+)/(\d+)\b")
 
 
 def clock(seconds: float) -> str:
@@ -82,26 +85,34 @@ class Progress:
             self.bar = None
 
 
-def warm_start_log(log: Log, *, tty: bool | None = None, file=None) -> tuple[Log, Callable[[], None]]:
-    """A ``log`` for the bootstrap that turns the warm start's step lines into a progress display
-    (with elapsed time and ETA over its planned steps); other lines pass through. Returns it and
-    the function that closes the display."""
-    state: dict[str, Progress] = {}
+def bootstrap_log(log: Log, *, tty: bool | None = None, file=None) -> tuple[Log, Callable[[], None]]:
+    """A ``log`` for the bootstrap that turns the step lines of its phases (the warm start, the
+    critic's reading) into a progress display each, with elapsed time and ETA over the phase's
+    planned steps; other lines pass through. Returns it and the function that closes the display."""
+    state: dict[str, tuple[str, Progress]] = {}
+
+    def start(label: str, total: int, done: int = 0) -> None:
+        close()
+        state["p"] = (label, Progress(label, total, log=log, start=done, tty=tty, file=file, unit="step"))
 
     def sink(line: str) -> None:
-        if (begins := WARM_START_BEGINS.match(line)) and "p" not in state:
-            state["p"] = Progress("warm start", int(begins.group(1)), log=log, tty=tty, file=file, unit="step")
-        m = WARM_START.match(line)
+        for label, begins in PHASE_BEGINS:
+            if label != _current() and (m := begins.match(line)):
+                start(label, int(m.group(1)))
+        m = PHASE_STEP.match(line)
         if m is None:
-            (state["p"].write if "p" in state else log)(line)
+            (state["p"][1].write if "p" in state else log)(line)
             return
-        step, total = int(m.group(1)), int(m.group(2))
-        if "p" not in state:  # no first line seen: the clock starts here, the ETA at the next step
-            state["p"] = Progress("warm start", total, log=log, start=step, tty=tty, file=file, unit="step")
-        state["p"].update(step, line)
+        label, step, total = m.group(1), int(m.group(2)), int(m.group(3))
+        if label != _current():  # no first line seen: the clock starts here, the ETA at the next step
+            start(label, total, step)
+        state["p"][1].update(step, line)
+
+    def _current() -> str | None:
+        return state["p"][0] if "p" in state else None
 
     def close() -> None:
         if "p" in state:
-            state.pop("p").close()
+            state.pop("p")[1].close()
 
     return sink, close

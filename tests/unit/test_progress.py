@@ -1,11 +1,11 @@
-"""Progress with elapsed time and ETA: plain lines off a terminal, a bar on one, the warm start's steps."""
+"""Progress with elapsed time and ETA: plain lines off a terminal, a bar on one, the bootstrap's phases."""
 
 from __future__ import annotations
 
 import io
 
 from ac2_core.runner import progress
-from ac2_core.runner.progress import Progress, warm_start_log
+from ac2_core.runner.progress import Progress, bootstrap_log
 
 
 def test_plain_lines_carry_elapsed_time_and_an_eta_from_this_sessions_pace(monkeypatch):
@@ -37,7 +37,7 @@ def test_the_warm_starts_step_lines_become_progress_timed_from_its_first_line(mo
     now = [0.0]
     monkeypatch.setattr(progress.time, "perf_counter", lambda: now[0])
     lines: list[str] = []
-    sink, close = warm_start_log(lines.append, tty=False)
+    sink, close = bootstrap_log(lines.append, tty=False)
     sink("warm start: SFT on 64 worked solutions, 20 steps, stopping early at score 0.2")
     now[0] = 10.0
     sink("warm start step 5/20 loss 5.255 score 0.00")
@@ -50,4 +50,28 @@ def test_the_warm_starts_step_lines_become_progress_timed_from_its_first_line(mo
         "warm start step 5/20 loss 5.255 score 0.00   [5/20, elapsed 0:10, eta 0:30]",  # 2 s a step since the start
         "warm start step 10/20 loss 4.695 score 0.00   [10/20, elapsed 0:20, eta 0:20]",
         "warm start: 20 steps, sampled score 0.0",
+    ]
+
+
+def test_the_critic_reading_after_the_warm_start_gets_its_own_progress(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: now[0])
+    lines: list[str] = []
+    sink, close = bootstrap_log(lines.append, tty=False)
+    sink("warm start: SFT on 64 worked solutions, 4 steps")
+    now[0] = 4.0
+    sink("warm start step 4/4 loss 1.000 score 0.50")
+    sink("warm start: 4 steps, sampled score 0.5")  # the closing line starts nothing
+    now[0] = 10.0
+    sink("critic reading: 30 steps on 64 pairs of demonstrations")
+    now[0] = 30.0
+    sink("critic reading step 10/30 loss 2.000")
+    close()
+    assert lines == [
+        "warm start: SFT on 64 worked solutions, 4 steps",
+        "warm start step 4/4 loss 1.000 score 0.50   [4/4, elapsed 0:04, eta 0:00]",
+        "warm start: 4 steps, sampled score 0.5",
+        "critic reading: 30 steps on 64 pairs of demonstrations",
+        # timed from the reading's first line, not the warm start's: 2 s a step, 20 steps left
+        "critic reading step 10/30 loss 2.000   [10/30, elapsed 0:20, eta 0:40]",
     ]
