@@ -11,20 +11,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
-# The training statistics of a row, each with its console header and format. Nullable: an
-# iteration without the update (no trained row) or without pairs has none.
+# The critic's out-of-sample figures and the training statistics of a row, each with its console
+# header and format and its Markdown header. Nullable: an iteration without the update (no trained
+# row) or without pairs has none. The critic's AUC comes first, beside the tokens saved: users
+# weigh AC2's savings against how far its critic can be trusted.
 STATS = (
-    ("actor_loss", "a_loss", "{:>7.4f}"),
-    ("clip_fraction", "clip", "{:>5.3f}"),
-    ("grad_norm", "gnorm", "{:>6.3f}"),
-    ("kl", "kl", "{:>7.5f}"),
-    ("entropy", "entropy", "{:>7.3f}"),
-    ("critic_loss", "c_loss", "{:>6.4f}"),
-    ("critic_auc", "auc", "{:>5.3f}"),
-    ("critic_error", "calib", "{:>5.3f}"),
+    ("critic_auc", "auc", "{:>5.3f}", "critic AUC"),
+    ("critic_error", "calib", "{:>5.3f}", "calib. error"),
+    ("actor_loss", "a_loss", "{:>7.4f}", "actor loss"),
+    ("clip_fraction", "clip", "{:>5.3f}", "clip frac."),
+    ("grad_norm", "gnorm", "{:>6.3f}", "grad norm"),
+    ("kl", "kl", "{:>7.5f}", "KL"),
+    ("entropy", "entropy", "{:>7.3f}", "entropy"),
+    ("critic_loss", "c_loss", "{:>6.4f}", "critic loss"),
 )
-HEADER = f"{'iter':>5} {'val':>6} {'ready':>7} {'chunk/full':>11} {'dec_tok':>9} {'saved':>6} {'cum_dec_FLOPs':>12} " + " ".join(
-    f"{h:>{len(f.format(0.0))}}" for _, h, f in STATS
+# decode tokens spent (dec_tok) against what full rollouts of the same problems would have decoded (full_tok)
+HEADER = (
+    f"{'iter':>5} {'val':>6} {'ready':>7} {'chunk/full':>11} {'dec_tok':>9} {'full_tok':>9} {'saved':>6} "
+    + " ".join(f"{h:>{len(f.format(0.0))}}" for _, h, f, _ in STATS)
+    + f" {'cum_dec_FLOPs':>13}"
 )
 
 # each metrics column as the trackers (TensorBoard, MLflow, KFP) name it: grouped by what it is about
@@ -73,10 +78,11 @@ def format_row(m: dict) -> str:
         if m["ungraded_chunks"] or m["ungraded_val"]
         else ""
     )
-    stats = " ".join(_cell(m.get(key), fmt) for key, _, fmt in STATS)
+    stats = " ".join(_cell(m.get(key), fmt) for key, _, fmt, _ in STATS)
     return (
         f"{m['iteration']:>5} {val:>6} {m['readiness_share']:>7.2f} {m['chunk_groups']:>6}/{m['full_groups']:<4}"
-        f" {m['decode_tokens']:>9} {_cell(tokens_saved(m), '{:>6.1%}')} {m['cum_decode_flops']:>12.3e} {stats}{ungraded}"
+        f" {m['decode_tokens']:>9} {m['full_rollout_tokens']:>9.0f} {_cell(tokens_saved(m), '{:>6.1%}')}"
+        f" {stats} {m['cum_decode_flops']:>13.3e}{ungraded}"
     )
 
 
@@ -91,9 +97,9 @@ def metrics_markdown(rows: list[dict], seconds: dict[int, dict[str, float]] | No
     the metrics artifact, which must be byte-identical on a rerun.
     """
     timed = bool(seconds)
-    stat_heads = ["actor loss", "clip frac.", "grad norm", "KL", "entropy", "critic loss", "critic AUC", "calib. error"]
-    head = ["iteration", "validation score", "readiness share", "chunk/full groups", "decode tokens", "tokens saved"]
-    head += [*stat_heads, "decode FLOPs (cum.)", "algorithm", "config"] + (["seconds"] if timed else [])
+    head = ["iteration", "validation score", "readiness share", "chunk/full groups", "decode tokens", "full-rollout tokens"]
+    head += ["tokens saved", *(h for *_, h in STATS), "decode FLOPs (cum.)", "algorithm", "config"]
+    head += ["seconds"] if timed else []
     align = ["---:"] * len(head)
     align[head.index("algorithm")] = align[head.index("config")] = ":---"
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
@@ -104,8 +110,9 @@ def metrics_markdown(rows: list[dict], seconds: dict[int, dict[str, float]] | No
             f"{m['readiness_share']:.2f}",
             f"{m['chunk_groups']}/{m['full_groups']}",
             str(m["decode_tokens"]),
+            f"{m['full_rollout_tokens']:.0f}",
             _md(tokens_saved(m), "{:.1%}"),
-            *(_md(m.get(key), "{:.4g}") for key, _, _ in STATS),
+            *(_md(m.get(key), "{:.4g}") for key, *_ in STATS),
             f"{m['cum_decode_flops']:.3e}",
             m.get("algorithm") or "",
             (m.get("config_hash") or "")[:12],
