@@ -37,14 +37,15 @@ from ac2_core import storage
 from ac2_core.config import AC2Config
 from ac2_core.runner import loop, record
 from ac2_core.runner.layout import RunLayout
+from ac2_core.runner.progress import PHASES
 from ac2_core.stages import recipe
 from pipelines import driver, taskhost
 
 Log = loop.Log
 # terminal control sequences (kfp.local colours its lines): never written to a log file
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-# a stage's own progress lines, as kfp.local streams a task's output (indented by 4)
-PROGRESS = re.compile(r"^ {4}(warm start\b.*)$")
+# a stage's own progress lines (the bootstrap's phases), as kfp.local streams a task's output (indented by 4)
+PROGRESS = re.compile(rf"^ {{4}}((?:{'|'.join(PHASES)})\b.*)$")
 _ERROR_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception)):\s*(.+)$")
 
 
@@ -103,8 +104,9 @@ def warm_task_host(log_file: Path) -> Iterator[str]:
 
 class _LogSink(io.TextIOBase):
     """kfp.local's output during a pipeline run: all of it to the log file, and the stages'
-    progress lines (``PROGRESS``; the warm start runs for minutes) also to ``progress``,
-    which prints to the stdout that was current before kfp's output was redirected here."""
+    progress lines (``PROGRESS``; the warm start and the critic reading run for minutes) also
+    to ``progress``, which prints to the stdout that was current before kfp's output was
+    redirected here."""
 
     def __init__(self, file, progress: Log | None, console):
         self.file, self.progress, self.console, self.pending = file, progress, console, ""

@@ -17,11 +17,12 @@ Log = Callable[[str], None]
 
 # The bootstrap's phases of planned length: each one's first line (``stages.bootstrap``), which
 # starts its clock, and its report lines (``training.sft``: the step and the planned length).
+PHASES = ("warm start", "critic reading")
 PHASE_BEGINS = (
     ("warm start", re.compile(r"^warm start: SFT on .*?\b(\d+) steps\b")),
     ("critic reading", re.compile(r"^critic reading: (\d+) steps\b")),
 )
-PHASE_STEP = re.compile(r"^(warm start|critic reading) step (\d+)/(\d+)\b")
+PHASE_STEP = re.compile(rf"^({'|'.join(PHASES)}) step (\d+)/(\d+)\b")
 
 
 def clock(seconds: float) -> str:

@@ -271,10 +271,14 @@ def test_the_warm_starts_progress_in_a_task_log_reaches_the_console(tmp_path):
                 sys.stdout.write(part)
             print('{"executor_input": "warm start step"}')
             print("    warm start (deeper: not a stage line)")
+            print("critic reading: 500 steps on 3968 pairs of demonstrations")  # the bootstrap's next phase
+            print("critic reading step 125/500 loss 1.204")
             seen = console.getvalue().splitlines()
     assert seen == [
         "progress: warm start: SFT on 3968 worked solutions, up to 1000 steps",
         "progress: warm start step 50/1000 loss 2.840",
+        "progress: critic reading: 500 steps on 3968 pairs of demonstrations",
+        "progress: critic reading step 125/500 loss 1.204",
     ]
     log = (tmp_path / "bootstrap.log").read_text()
     assert log.count("    warm start") == 3 and "progress:" not in log
