@@ -224,8 +224,8 @@ iterations, with a progress display (elapsed time and ETA) and a row per iterati
 folder records its resolved config (<out>/config.yaml) at first start; run again on the same
 folder, it resumes after the last finished iteration, and stops at once (exit 3), listing the
 fields, if the config differs from the recorded one (only run.iterations, run.keep_models,
-run.keep_best, tracking, storage, cluster and model.device may). Scalars go to TensorBoard
-(<out>/tensorboard) and, with tracking.mlflow_uri, to MLflow."""
+run.keep_best, tracking, storage, cluster, model.device and the process counts may). Scalars
+go to TensorBoard (<out>/tensorboard) and, with tracking.mlflow_uri, to MLflow."""
 
 
 def _add_run(sub) -> None:

@@ -8,7 +8,8 @@ the run first starts (both runners), before anything else. It is a valid ``--con
 - another value of any field that changes what is computed stops the run, listing the fields;
 - the run length (``run.iterations``) may differ: a longer run continues after the last
   finished iteration (and the record takes the new length), a shorter one changes nothing;
-- so may what only says what is kept or where things live and are shown (``config.SETTLED``).
+- so may what only says what is kept, where things live and are shown, or on how many
+  processes a stage runs (``config.SETTLED``).
 
 ``--resume never`` refuses a folder that holds any of a run.
 """

@@ -72,6 +72,18 @@ def test_a_resume_with_another_config_stops_before_anything_and_names_the_fields
     assert _snapshot(out) == before
 
 
+def test_a_resume_may_change_the_run_length_what_is_kept_and_where_and_on_how_many_processes_it_runs():
+    recorded = tiny_config()
+    settled = {"run__iterations": 9, "run__keep_models": 5, "run__keep_best": False, "model__device": "cpu"}
+    settled |= {"training__num_processes": 2, "generation__num_processes": 2, "tracking__tensorboard": False}
+    now = tiny_config(**settled)
+    assert record.differences(recorded, now) == [] and now.run_hash() == recorded.run_hash()
+    # what is computed is not among them, on any number of processes
+    g = recorded.rollout.group_size
+    other = tiny_config(**settled, rollout__group_size=g - 1)
+    assert record.differences(recorded, other) == [f"rollout.group_size: recorded {g}, now {g - 1}"]
+
+
 def test_fewer_iterations_than_done_says_so_and_changes_nothing(watched, capsys):
     config, out, _, _, _ = watched
     before = _snapshot(out)
