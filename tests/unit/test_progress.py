@@ -33,19 +33,27 @@ def test_on_a_terminal_a_bar_stays_below_the_lines():
     assert "iterations" in screen.getvalue() and "2/4" in screen.getvalue()
 
 
-def test_the_warm_starts_step_lines_become_progress_timed_from_its_first_line(monkeypatch):
+def _through_bootstrap_log(monkeypatch, timed: list[tuple[float, str]]) -> list[str]:
+    """What ``bootstrap_log`` prints, off a terminal, for each (clock seconds, bootstrap line)."""
     now = [0.0]
     monkeypatch.setattr(progress.time, "perf_counter", lambda: now[0])
     lines: list[str] = []
     sink, close = bootstrap_log(lines.append, tty=False)
-    sink("warm start: SFT on 64 worked solutions, 20 steps, stopping early at score 0.2")
-    now[0] = 10.0
-    sink("warm start step 5/20 loss 5.255 score 0.00")
-    now[0] = 20.0
-    sink("warm start step 10/20 loss 4.695 score 0.00")
-    sink("warm start: 20 steps, sampled score 0.0")
+    for seconds, line in timed:
+        now[0] = seconds
+        sink(line)
     close()
-    assert lines == [
+    return lines
+
+
+def test_the_warm_starts_step_lines_become_progress_timed_from_its_first_line(monkeypatch):
+    timed = [
+        (0.0, "warm start: SFT on 64 worked solutions, 20 steps, stopping early at score 0.2"),
+        (10.0, "warm start step 5/20 loss 5.255 score 0.00"),
+        (20.0, "warm start step 10/20 loss 4.695 score 0.00"),
+        (20.0, "warm start: 20 steps, sampled score 0.0"),
+    ]
+    assert _through_bootstrap_log(monkeypatch, timed) == [
         "warm start: SFT on 64 worked solutions, 20 steps, stopping early at score 0.2",
         "warm start step 5/20 loss 5.255 score 0.00   [5/20, elapsed 0:10, eta 0:30]",  # 2 s a step since the start
         "warm start step 10/20 loss 4.695 score 0.00   [10/20, elapsed 0:20, eta 0:20]",
@@ -54,20 +62,14 @@ def test_the_warm_starts_step_lines_become_progress_timed_from_its_first_line(mo
 
 
 def test_the_critic_reading_after_the_warm_start_gets_its_own_progress(monkeypatch):
-    now = [0.0]
-    monkeypatch.setattr(progress.time, "perf_counter", lambda: now[0])
-    lines: list[str] = []
-    sink, close = bootstrap_log(lines.append, tty=False)
-    sink("warm start: SFT on 64 worked solutions, 4 steps")
-    now[0] = 4.0
-    sink("warm start step 4/4 loss 1.000 score 0.50")
-    sink("warm start: 4 steps, sampled score 0.5")  # the closing line starts nothing
-    now[0] = 10.0
-    sink("critic reading: 30 steps on 64 pairs of demonstrations")
-    now[0] = 30.0
-    sink("critic reading step 10/30 loss 2.000")
-    close()
-    assert lines == [
+    timed = [
+        (0.0, "warm start: SFT on 64 worked solutions, 4 steps"),
+        (4.0, "warm start step 4/4 loss 1.000 score 0.50"),
+        (4.0, "warm start: 4 steps, sampled score 0.5"),  # the closing line starts nothing
+        (10.0, "critic reading: 30 steps on 64 pairs of demonstrations"),
+        (30.0, "critic reading step 10/30 loss 2.000"),
+    ]
+    assert _through_bootstrap_log(monkeypatch, timed) == [
         "warm start: SFT on 64 worked solutions, 4 steps",
         "warm start step 4/4 loss 1.000 score 0.50   [4/4, elapsed 0:04, eta 0:00]",
         "warm start: 4 steps, sampled score 0.5",
