@@ -93,6 +93,13 @@ def reading_examples(cfg: AC2Config, tok, rows: list[dict]) -> list[tuple[list[i
     return examples
 
 
+PROGRESS_LINES = 25  # about this many lines a phase (warm start, critic reading) shows its progress in, besides evaluations
+
+
+def _progress_every(steps: int) -> int:
+    return max(steps // PROGRESS_LINES, 1)
+
+
 def _initial_critic(cfg: AC2Config, actor, tok, rows: list[dict], log: Callable[[str], None]) -> Critic:
     """The actor's backbone, after ``critic.read_steps`` of reading, with a zero value head."""
     if not cfg.critic.read_steps:
@@ -116,6 +123,7 @@ def _initial_critic(cfg: AC2Config, actor, tok, rows: list[dict], log: Callable[
         min_lr_ratio=0.1,
         log=log,
         label="critic reading",
+        progress_every=_progress_every(cfg.critic.read_steps),
     )
     return Critic.from_actor(reader, seed=cfg.seed)
 
@@ -170,6 +178,7 @@ def _sft(cfg, model, tok, train, held_out, log):
         target_score=ws.target_score,
         min_lr_ratio=ws.min_lr_ratio,
         log=log,
+        progress_every=_progress_every(ws.max_steps),
     )
 
 

@@ -92,6 +92,20 @@ def test_evaluates_after_the_last_step_too(data):
     assert result["steps"] == 5 and result["score"] == 0.0
 
 
+def test_progress_lines_between_evaluations_leave_the_history_alone(data):
+    tokenizer, prompts, solutions = data
+    model = build_tiny_model(tokenizer, SMALL, seed=0)
+    lines = []
+    result = sft_warm_start(
+        model, tokenizer, prompts, solutions, steps=10, batch_size=4, lr=1e-3, seed=0,
+        eval_fn=lambda m: 0.5, eval_every=5, progress_every=2, log=lines.append,
+    )  # fmt: skip
+    # a line every 2 steps, the evaluations' own at 5 and 10 (where a progress line would be, the report is)
+    assert [line.split(" loss ")[0] for line in lines] == [f"warm start step {k}/10" for k in (2, 4, 5, 6, 8, 10)]
+    assert [lines[k].endswith("score 0.50") for k in range(6)] == [False, False, True, False, False, True]
+    assert [h["step"] for h in result["history"]] == [5, 10]
+
+
 def test_rejects_mismatched_inputs(data):
     tokenizer, prompts, solutions = data
     model = build_tiny_model(tokenizer, SMALL, seed=0)
