@@ -17,7 +17,7 @@ from kfp.local.logging_utils import indented_print
 
 import ac2_core
 from ac2_core import storage
-from ac2_core.runner import inprocess, report
+from ac2_core.runner import inprocess, record, report
 from ac2_core.runner.layout import RunLayout
 from ac2_core.runner.timings import read_timings
 from pipelines import local
@@ -53,6 +53,9 @@ def test_ac2_runs_two_chained_iterations(kfp_run, kfp_layout):
                 assert storage.read_manifest(str(out / f"iter-{it:04d}" / stage / name)).stage == stage
     assert storage.find_artifacts(str(out / "kfp")) == []
     assert rows == storage.read_rows(kfp_layout.output(2, "metrics"), kind="metrics")
+    # the run folder records the resolved config, and TensorBoard's events, as the inprocess runner's does
+    assert record.recorded_config(str(out)) == cfg
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
     # each iteration's progress line is the inprocess runner's row format
     assert lines.count(report.HEADER) == 1
     assert sum(line.startswith(report.format_row(r)) for line in lines for r in rows if r["iteration"] > 0) == 2
@@ -97,6 +100,12 @@ def test_finished_run_is_resumed_not_repeated(kfp_run):
     assert local.run(cfg, str(out), log=lines.append) == rows
     assert sorted(p.name for p in (out / "kfp").iterdir()) == before
     assert any(line.startswith(f"resuming {out} after iteration 2") for line in lines)
+    # another config stops before the task host or kfp.local writes anything, naming the field
+    host_log = (out / "kfp" / "logs" / "taskhost.log").read_text()
+    with pytest.raises(record.RunFolderError, match=r"differing: actor\.lr: recorded"):
+        local.run(tiny_config(actor__lr=cfg.actor.lr * 2), str(out), log=lines.append)
+    assert sorted(p.name for p in (out / "kfp").iterdir()) == before
+    assert (out / "kfp" / "logs" / "taskhost.log").read_text() == host_log
 
 
 def test_grpo_runs_without_the_critic_branch(kfp_run, kfp_layout, tmp_path):
