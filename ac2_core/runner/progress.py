@@ -8,6 +8,7 @@ mean time per step (or iteration) done in this session times the number left.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import time
@@ -32,13 +33,24 @@ def clock(seconds: float) -> str:
     return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
 
 
+def _draws_a_bar(file) -> bool:
+    """A terminal that reports a width: on one of 0 columns (a pty nobody sized: ``script`` into a
+    pipe, some CI runners) tqdm draws nothing, so the figures go at the end of the lines instead."""
+    if not file.isatty():
+        return False
+    try:
+        return os.get_terminal_size(file.fileno()).columns > 0
+    except (OSError, ValueError):
+        return False
+
+
 class Progress:
     """``total`` steps of work, ``start`` of them already done (a resumed run)."""
 
     def __init__(self, label: str, total: int, *, log: Log, start: int = 0, tty: bool | None = None, file=None, unit="it"):
         self.label, self.total, self.start, self.log = label, total, start, log
         self.file = file if file is not None else sys.stderr
-        self.tty = self.file.isatty() if tty is None else tty
+        self.tty = _draws_a_bar(self.file) if tty is None else tty
         self.t0 = time.perf_counter()
         self.done = start
         self.bar = None

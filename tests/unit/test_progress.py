@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import io
+import os
+import pty
+import struct
+import termios
 
 from ac2_core.runner import progress
 from ac2_core.runner.progress import Progress, bootstrap_log
@@ -31,6 +36,22 @@ def test_on_a_terminal_a_bar_stays_below_the_lines():
     p.close()
     assert lines == ["row 1", "row 2"]  # the rows themselves carry no figures: the bar has them
     assert "iterations" in screen.getvalue() and "2/4" in screen.getvalue()
+
+
+def test_a_terminal_of_no_width_gets_the_plain_lines(monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    leader, follower = pty.openpty()  # a pty nobody sized: 0 columns, as under `script` into a pipe
+    with os.fdopen(follower, "w") as screen:
+        assert screen.isatty() and os.get_terminal_size(follower).columns == 0
+        lines: list[str] = []
+        p = Progress("iterations", 2, log=lines.append, file=screen)
+        p.update(1, "row 1")
+        assert p.bar is None and lines[0].startswith("row 1   [1/2, elapsed ")
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))  # sized: a bar
+        sized = Progress("iterations", 2, log=lines.append, file=screen)
+        assert sized.bar is not None
+        sized.close()
+    os.close(leader)
 
 
 def _through_bootstrap_log(monkeypatch, timed: list[tuple[float, str]]) -> list[str]:
