@@ -262,6 +262,28 @@ def _add_run(sub) -> None:
     r.set_defaults(fn=cmd_run)
 
 
+def _positive_int(text: str) -> int:
+    """A flag's whole number of at least 1; argparse names the flag in the error (exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, found {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, found {value}")
+    return value
+
+
+def _share(text: str) -> float:
+    """A flag's share, from 0 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, found {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, found {value}")
+    return value
+
+
 def _add_plan(sub) -> None:
     pl = sub.add_parser(
         "plan",
@@ -270,11 +292,13 @@ def _add_plan(sub) -> None:
         " iteration and its time at stated H200 rates (docs/scale.md explains the numbers).",
     )
     _with_config(pl)
-    pl.add_argument("--gpus", type=int, required=True, help="GPUs of each GPU stage's task")
+    pl.add_argument("--gpus", type=_positive_int, required=True, help="GPUs of each GPU stage's task")
     pl.add_argument("--arch", help="an HF config.json to size the model from (default: model.path's, or the tiny model's)")
-    pl.add_argument("--prompt-tokens", type=int, default=512, help="tokens of a prompt (default 512)")
-    pl.add_argument("--response-tokens", type=int, help="decoded tokens of a full answer (default: rollout.max_response_tokens)")
-    pl.add_argument("--ready-share", type=float, default=0.0, help="share of problems in chunk mode (default 0: all full)")
+    pl.add_argument("--prompt-tokens", type=_positive_int, default=512, help="tokens of a prompt (default 512)")
+    pl.add_argument(
+        "--response-tokens", type=_positive_int, help="decoded tokens of a full answer (default: rollout.max_response_tokens)"
+    )
+    pl.add_argument("--ready-share", type=_share, default=0.0, help="share of problems in chunk mode (default 0: all full)")
     pl.set_defaults(fn=cmd_plan)
 
 

@@ -47,6 +47,12 @@ def test_a_misspelt_flag_or_command_gets_a_did_you_mean(capsys):
     assert "did you mean 'inprocess'?" in _usage_error(["run", "--config", "c.yaml", "--runner", "inproces"], capsys)
 
 
+def test_a_bad_number_for_ac2_plan_is_a_usage_error_naming_the_flag(capsys):
+    assert "argument --gpus: must be at least 1, found 0" in _usage_error(["plan", "--config", "c.yaml", "--gpus", "0"], capsys)
+    err = _usage_error(["plan", "--config", "c.yaml", "--gpus", "8", "--ready-share", "1.5"], capsys)
+    assert "argument --ready-share: expected a number from 0 to 1, found 1.5" in err
+
+
 def test_errors_are_one_line_with_their_exit_code(tmp_path, capsys, monkeypatch):
     assert main(["report", str(tmp_path / "nowhere")]) == exits.FAILED
     err = capsys.readouterr().err.strip()
