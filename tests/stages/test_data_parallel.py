@@ -208,10 +208,16 @@ def test_a_resume_across_process_counts_continues_the_run(iteration_2, tmp_path)
 
 def test_a_failing_process_fails_the_stage_with_its_message(iteration_2, tmp_path):
     cfg = tiny_config(training__num_processes=2)
-    missing = str(tmp_path / "no-critic")
-    with pytest.raises(ArtifactError, match=r"update_critic over 2 processes, rank \d: .*no-critic"):
-        _updates(cfg, iteration_2, tmp_path / "out", only="update_critic", critic=missing)
+    # a critic whose manifest reads but whose weights changed: the processes fail loading it
+    damaged = tmp_path / "damaged-critic"
+    shutil.copytree(iteration_2.output(1, "critic"), damaged)
+    (damaged / "value_head.safetensors").write_bytes(b"not the weights")
+    with pytest.raises(ArtifactError, match=r"update_critic over 2 processes, rank \d: .*damaged-critic"):
+        _updates(cfg, iteration_2, tmp_path / "out", only="update_critic", critic=str(damaged))
     assert not (tmp_path / "out" / "out_critic").exists()  # nothing was published
+    # a missing input fails before any process starts: the manifests' lineage reads every input first
+    with pytest.raises(ArtifactError, match=r"no-critic: no artifact at this URI"):
+        _updates(cfg, iteration_2, tmp_path / "out", only="update_critic", critic=str(tmp_path / "no-critic"))
 
 
 def _generation_inputs(layout: RunLayout):
