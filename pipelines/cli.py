@@ -84,21 +84,23 @@ def cmd_run(args) -> int:
         )
     _log(f"config {args.config} ok (hash {cfg.config_hash()[:12]}), algorithm {cfg.algorithm}, runner {args.runner}, out {out}")
     options = dict(log=_log, bootstrap_from=args.bootstrap_from, resume=args.resume)
-    try:
-        match args.runner:
-            case "inprocess":
-                from ac2_core.runner import inprocess
-
-                rows = inprocess.run(cfg, out, **options)
-            case "kfp":
-                from pipelines import local
-
-                rows = local.run(cfg, out, **options, task_host=not args.cold_tasks)
-    except KeyboardInterrupt:
-        raise Interrupted(_resume_hint(out)) from None
+    from ac2_core import storage
     from ac2_core.runner.timings import read_timings
 
-    print("\n" + summary_table(rows, read_timings(out)), flush=True)  # loop.run wrote it to <out>/summary.md
+    with storage.using(cfg.storage):  # the resume hint and the timings read the run folder too
+        try:
+            match args.runner:
+                case "inprocess":
+                    from ac2_core.runner import inprocess
+
+                    rows = inprocess.run(cfg, out, **options)
+                case "kfp":
+                    from pipelines import local
+
+                    rows = local.run(cfg, out, **options, task_host=not args.cold_tasks)
+        except KeyboardInterrupt:
+            raise Interrupted(_resume_hint(out)) from None
+        print("\n" + summary_table(rows, read_timings(out)), flush=True)  # loop.run wrote it to <out>/summary.md
     return 0
 
 
