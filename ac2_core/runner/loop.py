@@ -27,7 +27,7 @@ from ac2_core.runner.layout import RunLayout
 from ac2_core.runner.progress import Progress, bootstrap_log
 from ac2_core.runner.report import HEADER, format_row, metrics_markdown
 from ac2_core.runner.timings import add_timing, read_timings
-from ac2_core.runner.tracking import Trackers
+from ac2_core.runner.tracking import TENSORBOARD, Trackers
 from ac2_core.stages.recipe import BOOTSTRAP_STAGE
 
 Log = Callable[[str], None]
@@ -78,7 +78,7 @@ def run(
         state = record.check(cfg, layout, resume=resume)  # again, now that no other run can record in between
         if state.fewer(cfg):
             return _nothing_to_run(cfg, layout, state, log)
-        for removed in storage.remove_leftovers(out_dir):
+        for removed in storage.remove_leftovers(out_dir, plain=(TENSORBOARD,)):
             log(f"removed {removed}: left by a run that was killed while it wrote an artifact")
         record.record(cfg, layout)
         trackers = Trackers(cfg, out_dir)

@@ -11,6 +11,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from ac2_core.storage.leftovers import staging_prefix
 from ac2_core.storage.remote import call
 from ac2_core.storage.uris import target
 
@@ -23,7 +24,8 @@ def write_text(uri: str, text: str) -> None:
         return
     path = Path(t.path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    # named as leftovers are, so that the next run removes the staging a killed write left
+    fd, tmp = tempfile.mkstemp(prefix=staging_prefix(path.name), dir=path.parent)
     with os.fdopen(fd, "w") as f:
         f.write(text)
     os.replace(tmp, path)
