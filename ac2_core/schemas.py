@@ -11,7 +11,8 @@ import pyarrow as pa
 
 # 2: problems.metadata; ungraded chunks (grade_error, nullable targets, metrics counts)
 # 3: metrics.critic_auc and metrics.full_rollout_tokens
-SCHEMA_VERSION = 3
+# 4: metrics.algorithm, config_hash and the training statistics; the samples table
+SCHEMA_VERSION = 4
 
 _tokens = pa.list_(pa.int32())
 
@@ -136,6 +137,9 @@ ADVANTAGES = pa.schema(
 METRICS = pa.schema(
     [
         *_versioned,
+        pa.field("algorithm", pa.string(), nullable=False),  # ac2 | grpo: what made the row
+        # AC2Config.run_hash of the run that made the row (the bootstrap's row: its bootstrap_hash)
+        pa.field("config_hash", pa.string(), nullable=False),
         pa.field("val_score", pa.float32()),  # null on iterations without evaluation
         pa.field("readiness_share", pa.float32(), nullable=False),  # ready problems / problems with a window
         pa.field("chunk_groups", pa.int32(), nullable=False),
@@ -146,6 +150,13 @@ METRICS = pa.schema(
         pa.field("critic_error", pa.float32()),  # binned calibration error over this iteration's pairs
         pa.field("critic_auc", pa.float32()),  # AUC of this iteration's pairs, scored before the critic saw them
         pa.field("full_rollout_tokens", pa.float64(), nullable=False),  # full rollouts of the same problems would decode this
+        # training statistics, null where the update trained nothing; means over the iteration's optimizer steps
+        pa.field("actor_loss", pa.float32()),  # PPO-clip loss (plus KL penalty)
+        pa.field("clip_fraction", pa.float32()),  # share of tokens where the clipped branch was active
+        pa.field("grad_norm", pa.float32()),  # actor gradient norm before clipping
+        pa.field("kl", pa.float32()),  # k3 estimate of KL(behaviour || updated policy) on the trained tokens
+        pa.field("entropy", pa.float32()),  # mean -log p of the decoded tokens: the sampling policy's entropy, estimated
+        pa.field("critic_loss", pa.float32()),  # weighted BCE of the critic update
         pa.field("decode_tokens", pa.int64(), nullable=False),
         pa.field("decode_flops", pa.float64(), nullable=False),
         pa.field("prefill_flops", pa.float64(), nullable=False),
@@ -159,6 +170,22 @@ METRICS = pa.schema(
     ]
 )
 
+# a few of an iteration's decoded chunks, for people to read (evaluate; the KFP report shows them)
+SAMPLES = pa.schema(
+    [
+        *_versioned,
+        pa.field("chunk_id", pa.string(), nullable=False),
+        pa.field("problem_id", pa.string(), nullable=False),
+        pa.field("mode", pa.string(), nullable=False),  # full | chunk
+        pa.field("prompt", pa.string(), nullable=False),
+        pa.field("answer", pa.string(), nullable=False),  # the trajectory so far (prefix + chunk), decoded
+        pa.field("finished", pa.bool_(), nullable=False),
+        pa.field("reward", pa.float32()),  # grader's reward, when finished and graded
+        pa.field("target", pa.float32()),  # y(c)
+        pa.field("target_source", pa.string(), nullable=False),  # reward | critic | ungraded
+    ]
+)
+
 TABLES: dict[str, pa.Schema] = {
     "problems": PROBLEMS,
     "replay": REPLAY,
@@ -169,6 +196,7 @@ TABLES: dict[str, pa.Schema] = {
     "readiness": READINESS,
     "advantages": ADVANTAGES,
     "metrics": METRICS,
+    "samples": SAMPLES,
 }
 
 

@@ -1,4 +1,5 @@
-"""evaluate: validation score and the compute bill; appends one row to the metrics table."""
+"""evaluate: validation score, training statistics and the compute bill; appends one row to the
+metrics table, keeps a few decoded samples, and shows both in the KFP UI."""
 
 from kfp import dsl
 from kfp.dsl import Artifact, Dataset, Input, Markdown, Metrics, Model, Output
@@ -18,6 +19,7 @@ def evaluate(
     critic_pairs: Input[Dataset],
     readiness: Input[Dataset],
     metrics: Input[Dataset],
+    out_samples: Output[Dataset],
     out_metrics: Output[Dataset],
     figures: Output[Metrics],
     report: Output[Markdown],
@@ -28,4 +30,4 @@ def evaluate(
 
     row = run_stage("evaluate", locals())
     log_figures(figures, row)
-    write_report(report, out_metrics.path)
+    write_report(report, out_metrics.path, out_samples.path)

@@ -62,12 +62,16 @@ def execute_stage(*, stage: str, iteration: int, config_path: str, kwargs: dict,
     """
     from ac2_core import storage
     from ac2_core.config import config_from_json
+    from ac2_core.runner.layout import RunLayout
+    from ac2_core.stages.recipe import calls
     from ac2_core.stages.recipe import run_stage as call_stage
 
     cfg = config_from_json(Path(config_path).read_text())
+    # the manifests name each input by its place in a run folder, as the inprocess runner's do
+    named = next(c.kwargs for c in calls(cfg, iteration, RunLayout.relative) if c.stage == stage)
     with storage.using(cfg.storage):
         start = time.perf_counter()
-        stats = call_stage(cfg, stage, iteration=iteration, kwargs=kwargs)
+        stats = call_stage(cfg, stage, iteration=iteration, kwargs=kwargs, named=named)
         seconds = time.perf_counter() - start
         manifests = {uri: _manifest_figures(storage.read_manifest(uri)) for uri in outputs}
     return {"stats": stats.as_dict(), "seconds": seconds, "manifests": manifests}
@@ -91,10 +95,14 @@ def log_figures(metrics, row: dict) -> None:
             metrics.log_metric(key, value)
 
 
-def write_report(markdown, metrics_uri: str) -> None:
-    """The learning curve so far, as a Markdown table (a ``system.Markdown`` artifact)."""
+def write_report(markdown, metrics_uri: str, samples_uri: str) -> None:
+    """The learning curve so far as a Markdown table, and the iteration's decoded samples (a
+    ``system.Markdown`` artifact)."""
     from ac2_core import storage
-    from ac2_core.runner.report import metrics_markdown
+    from ac2_core.runner.report import metrics_markdown, samples_markdown
 
+    samples = storage.read_rows(samples_uri, kind="samples")
+    text = metrics_markdown(storage.read_rows(metrics_uri, kind="metrics"))
+    text += "\n\n## Samples of this iteration\n\n" + samples_markdown(samples) + "\n"
     Path(markdown.path).parent.mkdir(parents=True, exist_ok=True)
-    Path(markdown.path).write_text(metrics_markdown(storage.read_rows(metrics_uri, kind="metrics")) + "\n")
+    Path(markdown.path).write_text(text)

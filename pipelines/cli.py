@@ -1,23 +1,26 @@
 """The ``ac2`` command line.
 
     ac2 run      --config C [--iterations N] [--out DIR] [--runner kfp|inprocess] [--bootstrap-from RUN_DIR]
-                 [--cold-tasks]
+                 [--cold-tasks] [--resume auto|never]
     ac2 validate --config C
     ac2 plan     --config C --gpus N [--arch CONFIG_JSON] [--prompt-tokens T] [--response-tokens T] [--ready-share S]
     ac2 compile  --config C --out FILE [--pipeline iteration|bootstrap]
     ac2 submit   --host URL --config C [--iterations N] [--experiment NAME] [--pipeline-root URI] [--dry-run]
     ac2 stage    NAME --config C --in KEY=URI ... --out KEY=URI ... [--iteration K]
-    ac2 report   RUN_DIR
+    ac2 report   RUN_DIR [RUN_DIR ...] [--out DIR]
+    ac2 lineage  ARTIFACT_URI [--depth N]
 
 Every command that takes ``--config`` (and ``--set key=value`` overrides) validates it
-before it starts anything. Errors print one line, ``ac2: <what is wrong>``, and exit
-with one of these codes, every time (``EXIT_CODES``):
+before it starts anything. Errors print one line, ``ac2: <what is wrong>``, and exit with
+one of the codes ``pipelines.exits`` documents, every time:
 
     0    done
-    1    failed: a damaged or missing artifact, a bad data file, a stage or pipeline that failed
-         (an unexpected error also exits 1, with its traceback)
-    2    a bad command line or config
-    3    the run folder is locked by another run (the message names it)
+    1    failed: a damaged or missing artifact, a bad data file, a stage, pipeline or
+         launched process that failed; an unexpected error (a bug) too, its one line saying
+         that ``ac2 --debug ...`` prints the traceback
+    2    a bad command line or config (a misspelt flag or command gets a "did you mean")
+    3    the run folder refuses this run: another run holds its lock (the message names it),
+         or it holds another run (another config, or ``--resume never``)
     130  interrupted (Ctrl-C)
 
 The process ends with ``os._exit`` once the command's exit handlers have run: what
@@ -29,30 +32,21 @@ in some runs) can no longer change the exit code.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
+import re
 import sys
 import time
 import traceback
-from pathlib import Path
+from importlib.metadata import PackageNotFoundError, version
 
 import yaml
 
 from ac2_core.config import AC2Config, ConfigError, load_config
-from ac2_core.launch import LaunchError, exit_now
-from ac2_core.runner.lock import RunFolderLocked
+from ac2_core.launch import exit_now
 from ac2_core.runner.report import metrics_markdown
 from ac2_core.stages.recipe import STAGES
-from ac2_core.storage import ArtifactError
-from pipelines.driver import PipelineFailed
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_LOCKED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-EXIT_CODES = {
-    EXIT_OK: "done",
-    EXIT_FAILED: "failed: an artifact, a data file, a stage or a pipeline (the message names it)",
-    EXIT_USAGE: "a bad command line or config",
-    EXIT_LOCKED: "the run folder is locked by another run",
-    EXIT_INTERRUPTED: "interrupted",
-}
+from pipelines import exits
 
 
 def _overrides(pairs: list[str]) -> dict:
@@ -76,8 +70,8 @@ def _log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def summary_table(rows: list[dict]) -> str:
-    return metrics_markdown(rows)
+def summary_table(rows: list[dict], seconds: dict | None = None) -> str:
+    return metrics_markdown(rows, seconds)
 
 
 def cmd_run(args) -> int:
@@ -89,25 +83,45 @@ def cmd_run(args) -> int:
             f"--out {out}: kfp.local keeps its pipeline root on local disk; use --runner inprocess for object storage"
         )
     _log(f"config {args.config} ok (hash {cfg.config_hash()[:12]}), algorithm {cfg.algorithm}, runner {args.runner}, out {out}")
-    match args.runner:
-        case "inprocess":
-            from ac2_core.runner import inprocess
+    options = dict(log=_log, bootstrap_from=args.bootstrap_from, resume=args.resume)
+    from ac2_core import storage
+    from ac2_core.runner.timings import read_timings
 
-            rows = inprocess.run(cfg, out, log=_log, bootstrap_from=args.bootstrap_from)
-        case "kfp":
-            from pipelines import local
+    with storage.using(cfg.storage):  # the resume hint and the timings read the run folder too
+        try:
+            match args.runner:
+                case "inprocess":
+                    from ac2_core.runner import inprocess
 
-            rows = local.run(cfg, out, log=_log, bootstrap_from=args.bootstrap_from, task_host=not args.cold_tasks)
-    table = summary_table(rows)
-    print("\n" + table, flush=True)
-    if not remote:
-        Path(out, "summary.md").write_text(table + "\n")
+                    rows = inprocess.run(cfg, out, **options)
+                case "kfp":
+                    from pipelines import local
+
+                    rows = local.run(cfg, out, **options, task_host=not args.cold_tasks)
+        except KeyboardInterrupt:
+            raise Interrupted(_resume_hint(out)) from None
+        print("\n" + summary_table(rows, read_timings(out)), flush=True)  # loop.run wrote it to <out>/summary.md
     return 0
+
+
+class Interrupted(Exception):
+    """Ctrl-C, with the one line to print."""
+
+
+def _resume_hint(out: str) -> str:
+    from ac2_core.runner.layout import RunLayout
+
+    try:
+        done = RunLayout(out).completed_iterations()
+    except Exception:  # noqa: BLE001  (a hint only: the folder may be unreadable mid-write)
+        done = None
+    after = f" after iteration {done}" if done else ""
+    return f"interrupted; run the same command again to resume {out}{after}"
 
 
 def cmd_validate(args) -> int:
     cfg = _config(args)
-    report = {"ok": True, "algorithm": cfg.algorithm, "config_hash": cfg.config_hash()}
+    report = {"ok": True, "algorithm": cfg.algorithm, "config_hash": cfg.config_hash(), "run_hash": cfg.run_hash()}
     if cfg.uses_critic:
         report.update(_saving_bound(cfg))
     print(json.dumps(report))
@@ -183,11 +197,29 @@ def cmd_stage(args) -> int:
 
 
 def cmd_report(args) -> int:
+    from ac2_core import storage
     from ac2_core.runner.report import write_report
 
-    png, md = write_report(args.run_dir)
+    with storage.using(load_config(args.config).storage) if args.config else _nothing():
+        png, md = write_report(args.run_dirs, args.out)
     _log(f"wrote {png} and {md}")
     return 0
+
+
+def cmd_lineage(args) -> int:
+    from ac2_core import storage
+    from ac2_core.runner.lineage import chain
+
+    with storage.using(load_config(args.config).storage) if args.config else _nothing():
+        lines = chain(args.artifact, depth=args.depth)
+    print("\n".join(lines), flush=True)
+    return 0
+
+
+def _nothing():
+    import contextlib
+
+    return contextlib.nullcontext()
 
 
 STAGE_HELP = """Re-run one stage on the artifacts of any earlier run (either runner's run folder:
@@ -204,8 +236,17 @@ def _with_config(sp) -> None:
     sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field, e.g. rollout.group_size=4")
 
 
+RUN_HELP = """Train on this machine: the bootstrap (warm start included), then run.iterations RL
+iterations, with a progress display (elapsed time and ETA) and a row per iteration. The run
+folder records its resolved config (<out>/config.yaml) at first start; run again on the same
+folder, it resumes after the last finished iteration, and stops at once (exit 3), listing the
+fields, if the config differs from the recorded one (only run.iterations, run.keep_models,
+run.keep_best, tracking, storage, cluster, model.device and the process counts may). Scalars
+go to TensorBoard (<out>/tensorboard) and, with tracking.mlflow_uri, to MLflow."""
+
+
 def _add_run(sub) -> None:
-    r = sub.add_parser("run", help="train on this machine: bootstrap, then N iterations")
+    r = sub.add_parser("run", help="train on this machine: bootstrap, then N iterations", description=RUN_HELP)
     _with_config(r)
     r.add_argument("--iterations", type=int, help="override run.iterations")
     r.add_argument("--out", help="run folder (default runs/<run_id>); an existing run is resumed")
@@ -228,22 +269,63 @@ def _add_run(sub) -> None:
         help="kfp runner: every task imports the stage code itself, as on a cluster, instead of handing its stage"
         " call to a warm task host (same artifacts, about 3 s more per task)",
     )
+    r.add_argument(
+        "--resume",
+        choices=["auto", "never"],
+        default="auto",
+        help="auto: continue a run folder that holds a run of the same config (default); never: refuse a folder that"
+        " holds any of a run",
+    )
     r.set_defaults(fn=cmd_run)
 
 
+def _positive_int(text: str) -> int:
+    """A flag's whole number of at least 1; argparse names the flag in the error (exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, found {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, found {value}")
+    return value
+
+
+def _share(text: str) -> float:
+    """A flag's share, from 0 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, found {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, found {value}")
+    return value
+
+
 def _add_plan(sub) -> None:
-    pl = sub.add_parser("plan", help="memory per GPU, FLOPs and time of one iteration on N GPUs per task (docs/scale.md)")
+    pl = sub.add_parser(
+        "plan",
+        help="memory per GPU, FLOPs and time of one iteration on N GPUs per task (docs/scale.md)",
+        description="Size a config for N GPUs per task: the memory per GPU of each GPU stage, the FLOPs of one"
+        " iteration and its time at stated H200 rates (docs/scale.md explains the numbers).",
+    )
     _with_config(pl)
-    pl.add_argument("--gpus", type=int, required=True, help="GPUs of each GPU stage's task")
+    pl.add_argument("--gpus", type=_positive_int, required=True, help="GPUs of each GPU stage's task")
     pl.add_argument("--arch", help="an HF config.json to size the model from (default: model.path's, or the tiny model's)")
-    pl.add_argument("--prompt-tokens", type=int, default=512, help="tokens of a prompt (default 512)")
-    pl.add_argument("--response-tokens", type=int, help="decoded tokens of a full answer (default: rollout.max_response_tokens)")
-    pl.add_argument("--ready-share", type=float, default=0.0, help="share of problems in chunk mode (default 0: all full)")
+    pl.add_argument("--prompt-tokens", type=_positive_int, default=512, help="tokens of a prompt (default 512)")
+    pl.add_argument(
+        "--response-tokens", type=_positive_int, help="decoded tokens of a full answer (default: rollout.max_response_tokens)"
+    )
+    pl.add_argument("--ready-share", type=_share, default=0.0, help="share of problems in chunk mode (default 0: all full)")
     pl.set_defaults(fn=cmd_plan)
 
 
 def _add_compile_and_submit(sub) -> None:
-    c = sub.add_parser("compile", help="write a pipeline's KFP IR YAML (the config becomes config_json's default)")
+    c = sub.add_parser(
+        "compile",
+        help="write a pipeline's KFP IR YAML (the config becomes config_json's default)",
+        description="Compile the bootstrap or the iteration pipeline, built from the recipe, to KFP's IR YAML,"
+        " with the validated config as the default of its config_json parameter.",
+    )
     _with_config(c)
     c.add_argument("--out", required=True, help="YAML file to write")
     c.add_argument(
@@ -251,7 +333,13 @@ def _add_compile_and_submit(sub) -> None:
     )
     c.set_defaults(fn=cmd_compile)
 
-    s = sub.add_parser("submit", help="run on a KFP cluster: a bootstrap run, then one chained run per iteration")
+    s = sub.add_parser(
+        "submit",
+        help="run on a KFP cluster: a bootstrap run, then one chained run per iteration",
+        description="Submit to a Kubeflow Pipelines cluster: compile both pipelines, submit the bootstrap run, then"
+        " one run per iteration, each importing the outputs of the one before from the pipeline root (s3://...)."
+        " Prints a row per finished iteration.",
+    )
     s.add_argument("--host", required=True, help="KFP API endpoint, e.g. http://localhost:8080")
     _with_config(s)
     s.add_argument("--iterations", type=int, help="override run.iterations")
@@ -272,45 +360,111 @@ def _add_stage(sub) -> None:
     st.set_defaults(fn=cmd_stage)
 
 
+REPORT_HELP = """Write learning_curve.png (validation score against iterations and against cumulative
+decode FLOPs, one line per run, with a legend) and report.md (each run's metrics table, with
+seconds per iteration, and its latest decoded samples). With one run folder they are written
+into it; with several, into --out. Run folders of either runner, local or s3://."""
+
+LINEAGE_HELP = """Print the chain of artifacts that made ARTIFACT_URI, back to the bootstrap, from the
+manifests: each artifact's kind, stage, iteration, content and config hashes, and each input
+it read with the content hash it had then, and whether the artifact there now is the same one,
+another one, or gone (a pruned checkpoint)."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with errors on one line (exit 2) and a "did you mean" for misspelt flags and commands."""
+
+    def error(self, message: str):
+        hint = _did_you_mean(self, message)
+        self.exit(exits.USAGE, f"{self.prog}: error: {message}{hint} (see {self.prog} --help)\n")
+
+
+def _did_you_mean(parser: argparse.ArgumentParser, message: str) -> str:
+    if m := re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message):
+        choices = re.findall(r"'([^']*)'", m.group(2)) or [c.strip() for c in m.group(2).split(",")]
+        close = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.5)
+        return f"; did you mean {close[0]!r}?" if close else ""
+    if m := re.search(r"unrecognized arguments: (.*)", message):
+        flags = [opt for action in parser._actions for opt in action.option_strings]
+        for action in parser._actions:  # the chosen command's flags too (argparse reports extras on the top parser)
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = next((a for a in getattr(parser, "_argv_seen", []) if a in action.choices), None)
+                if chosen:
+                    flags += [opt for a in action.choices[chosen]._actions for opt in a.option_strings]
+        hints = []
+        for token in m.group(1).split():
+            close = difflib.get_close_matches(token.split("=")[0], flags, n=1, cutoff=0.6) if token.startswith("-") else []
+            if close:
+                hints.append(f"{token} -> {close[0]}")
+        return f"; did you mean {', '.join(hints)}?" if hints else ""
+    return ""
+
+
+def _version() -> str:
+    try:
+        return version("ac2")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ac2", description="AC2: actor-critic with action chunking, as Kubeflow Pipelines")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = Parser(prog="ac2", description="AC2: actor-critic with action chunking, as Kubeflow Pipelines")
+    p._argv_seen = []
+    p.add_argument("--version", action="version", version=f"ac2 {_version()}")
+    p.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
     _add_run(sub)
-    v = sub.add_parser("validate", help="check a config and print its hash")
+    v = sub.add_parser(
+        "validate",
+        help="check a config and print its hash",
+        description="Validate a config (with its --set overrides) and print its algorithm and config hash as JSON;"
+        " an error names each field to change.",
+    )
     _with_config(v)
     v.set_defaults(fn=cmd_validate)
     _add_plan(sub)
     _add_compile_and_submit(sub)
     _add_stage(sub)
-    rp = sub.add_parser("report", help="learning_curve.png and report.md of a run folder (either runner)")
-    rp.add_argument("run_dir", metavar="RUN_DIR")
+    rp = sub.add_parser("report", help="learning curves and tables of one or more run folders", description=REPORT_HELP)
+    rp.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    rp.add_argument("--out", help="folder for learning_curve.png and report.md (default: the one run folder)")
+    rp.add_argument("--config", help="a config whose storage section reaches s3:// run folders (default: the environment)")
     rp.set_defaults(fn=cmd_report)
+    ln = sub.add_parser("lineage", help="the chain of artifacts that made one, back to the bootstrap", description=LINEAGE_HELP)
+    ln.add_argument("artifact", metavar="ARTIFACT_URI")
+    ln.add_argument("--depth", type=int, help="follow inputs at most this many iterations back (default: all)")
+    ln.add_argument("--config", help="a config whose storage section reaches s3:// artifacts (default: the environment)")
+    ln.set_defaults(fn=cmd_lineage)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; its exit code (``EXIT_CODES``). Errors print one line on stderr."""
+    """Run one command; its exit code (``exits.MEANING``). Errors print one line on stderr."""
+    parser = build_parser()
+    parser._argv_seen = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as e:  # argparse has printed the usage and the error (or the help)
-        return EXIT_OK if e.code in (0, None) else EXIT_USAGE
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse has printed the error on one line (or the help, or --version)
+        return exits.OK if e.code in (0, None) else exits.USAGE
     try:
         return args.fn(args)
-    except ConfigError as e:
+    except Interrupted as e:
         print(f"ac2: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except RunFolderLocked as e:
-        print(f"ac2: {e}", file=sys.stderr)
-        return EXIT_LOCKED
-    except (ArtifactError, ValueError, PipelineFailed, LaunchError) as e:  # DataError is a ValueError
-        print(f"ac2: {e}", file=sys.stderr)
-        return EXIT_FAILED
+        return exits.INTERRUPTED
     except KeyboardInterrupt:
         print("ac2: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except Exception:  # noqa: BLE001 - a bug: the traceback, and still the documented code
-        traceback.print_exc()
-        return EXIT_FAILED
+        return exits.INTERRUPTED
+    except Exception as e:  # noqa: BLE001  (every error ends in one line; unexpected ones say how to see more)
+        code = exits.exit_code(e)
+        if code is None and args.debug:
+            traceback.print_exc()  # a bug: the traceback, and still the documented code
+            return exits.FAILED
+        if code is None:
+            hint = "(ac2 --debug ... shows the traceback)"
+            print(f"ac2: unexpected {type(e).__name__}: {exits.one_line(e)} {hint}", file=sys.stderr)
+            return exits.FAILED
+        print(f"ac2: {exits.one_line(e)}", file=sys.stderr)
+        return code
 
 
 def console() -> None:

@@ -38,13 +38,15 @@ from ac2_core import storage
 from ac2_core.config import AC2Config
 from ac2_core.runner import loop
 from ac2_core.runner.layout import RunLayout
+from ac2_core.runner.progress import PHASES
 from ac2_core.stages import recipe
 from pipelines import driver, taskhost
 
 Log = loop.Log
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-# a stage's own progress lines, as kfp.local streams a task's output (indented by 4)
-PROGRESS = re.compile(r"^ {4}(warm start\b.*)$")
+# terminal control sequences (kfp.local colours its lines): never written to a log file
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# a stage's own progress lines (the bootstrap's phases), as kfp.local streams a task's output (indented by 4)
+PROGRESS = re.compile(rf"^ {{4}}((?:{'|'.join(PHASES)})\b.*)$")
 _ERROR_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception)):\s*(.+)$")
 
 
@@ -103,19 +105,21 @@ def warm_task_host(log_file: Path) -> Iterator[str]:
 
 class _LogSink(io.TextIOBase):
     """kfp.local's output during a pipeline run: all of it to the log file, and the stages'
-    progress lines (``PROGRESS``; the warm start runs for minutes) also to ``progress``,
-    which prints to the stdout that was current before kfp's output was redirected here."""
+    progress lines (``PROGRESS``; the warm start and the critic reading run for minutes) also
+    to ``progress``, which prints to the stdout that was current before kfp's output was
+    redirected here."""
 
     def __init__(self, file, progress: Log | None, console):
         self.file, self.progress, self.console, self.pending = file, progress, console, ""
         self.print = builtins.print  # kfp.local indents task output by patching print while it streams
 
     def write(self, text: str) -> int:
-        self.file.write(text)
+        plain = _ANSI.sub("", text)
+        self.file.write(plain)
         if self.progress is not None:
-            *lines, self.pending = (self.pending + text).split("\n")
+            *lines, self.pending = (self.pending + plain).split("\n")
             for line in lines:
-                if m := PROGRESS.match(_ANSI.sub("", line)):
+                if m := PROGRESS.match(line):
                     self.file.flush()
                     patched, builtins.print = builtins.print, self.print  # kfp prints from this same thread
                     try:
@@ -247,13 +251,14 @@ class KfpLocal:
 
         self._run(cfg, layout, 0, bootstrap_pipeline, {"config_json": cfg.to_json()}, "bootstrap", progress=log)
 
-    def iteration(self, cfg: AC2Config, layout: RunLayout, it: int) -> None:
+    def iteration(self, cfg: AC2Config, layout: RunLayout, it: int) -> dict[str, float]:
         from pipelines.dag import iteration_pipeline
 
         arguments = driver.pipeline_arguments(cfg, it, layout.output)
-        self._run(cfg, layout, it, iteration_pipeline, arguments, f"iter-{it:04d}")
+        run_root = self._run(cfg, layout, it, iteration_pipeline, arguments, f"iter-{it:04d}")
+        return stage_seconds(run_root)
 
-    def _run(self, cfg, layout, iteration, pipeline, arguments, label: str, progress: Log | None = None) -> None:
+    def _run(self, cfg, layout, iteration, pipeline, arguments, label: str, progress: Log | None = None) -> Path:
         run_root = run_pipeline(pipeline, arguments, self.root, label, progress=progress)
         earlier = self.record.runs.get(label)
         # named before its outputs move, so that a run killed while they move leaves no unnamed folder
@@ -262,10 +267,31 @@ class KfpLocal:
         keep_outputs(cfg, layout, iteration, run_root)
         if earlier not in (None, run_root.name):  # an attempt at this label that did not finish
             shutil.rmtree(self.root / earlier, ignore_errors=True)
+        return run_root
+
+
+def stage_seconds(run_root: Path) -> dict[str, float]:
+    """Each stage's wall seconds in a finished kfp.local pipeline run, as its component recorded
+    them in its outputs' KFP metadata (``stage_seconds``, in each task's ``executor_output.json``)."""
+    seconds = {}
+    for path in sorted(run_root.glob("*/executor_output.json")):
+        for output in json.loads(path.read_text()).get("artifacts", {}).values():
+            for artifact in output.get("artifacts", []):
+                meta = artifact.get("metadata", {})
+                if "stage" in meta and "stage_seconds" in meta:
+                    seconds[meta["stage"]] = float(meta["stage_seconds"])
+    return seconds
 
 
 def run(
-    cfg: AC2Config, out_dir: str, *, log: Log = print, bootstrap_from: str | None = None, task_host: bool = True
+    cfg: AC2Config,
+    out_dir: str,
+    *,
+    log: Log = print,
+    bootstrap_from: str | None = None,
+    task_host: bool = True,
+    resume: str = "auto",
+    tty: bool | None = None,
 ) -> list[dict]:
     """``ac2 run --runner kfp``: ``loop.run`` with each bootstrap and iteration a kfp.local
     pipeline run; returns the metrics rows.
@@ -277,11 +303,13 @@ def run(
     root = Path(out_dir).resolve() / "kfp"
 
     @contextlib.contextmanager
-    def open_runner() -> Iterator[KfpLocal]:  # entered by the loop once the inputs are checked and the folder locked
+    def open_runner() -> Iterator[KfpLocal]:
+        # entered by the loop once the config and inputs are checked and the folder is locked:
+        # a run folder that refuses this run gets no task host and no kfp.local files
         with contextlib.ExitStack() as stack:
             if task_host:
                 stack.enter_context(warm_task_host(root / "logs" / "taskhost.log"))
             yield KfpLocal(cfg, root, RunLayout(out_dir), log)
 
     with storage.using(cfg.storage):
-        return loop.run(cfg, out_dir, open_runner, log=log, bootstrap_from=bootstrap_from)
+        return loop.run(cfg, out_dir, open_runner, log=log, bootstrap_from=bootstrap_from, resume=resume, tty=tty)

@@ -8,6 +8,8 @@ that the stage may take as None (a grpo run's critic) may be left out.
 
 from __future__ import annotations
 
+import os
+
 from ac2_core import storage
 from ac2_core.config import AC2Config
 from ac2_core.stages import recipe
@@ -54,5 +56,7 @@ def run_stage(cfg: AC2Config, name: str, iteration: int, kwargs: dict[str, str |
     if not (iteration == 0 if bootstrap else iteration >= 1):
         expected = "0 (the bootstrap)" if bootstrap else ">= 1 (iteration 0 is the bootstrap)"
         raise ValueError(f"--iteration for stage {name} must be {expected}; found {iteration}")
+    # the outputs' manifests name the inputs as given, local paths made absolute (no working directory in them)
+    named = {k: v if v is None or "://" in v else os.path.abspath(v) for k, v in kwargs.items()}
     with storage.using(cfg.storage):
-        return recipe.run_stage(cfg, name, iteration=iteration, kwargs=kwargs)
+        return recipe.run_stage(cfg, name, iteration=iteration, kwargs=kwargs, named=named)

@@ -351,6 +351,27 @@ class EvalConfig(Section):
 class RunConfig(Section):
     iterations: int = Field(40, ge=1, description="RL iterations")
     keep_models: int = Field(2, ge=1, description="actor/critic checkpoints kept on disk by local runners (newest)")
+    keep_best: bool = Field(True, description="local runners also keep the checkpoints of the best validation score")
+
+
+class TrackingConfig(Section):
+    """Where a local run reports its scalars besides the run folder (``ac2_core.runner.tracking``).
+
+    Not hashed: it says where figures are shown, not what is computed.
+    """
+
+    tensorboard: bool = Field(True, description="TensorBoard event files in <run>/tensorboard")
+    mlflow_uri: str | None = Field(
+        None, description="MLflow tracking URI: sqlite:///mlflow.db, file:./mlruns, http://host:5000; unset: no MLflow"
+    )
+    mlflow_experiment: str = Field("ac2", min_length=1, description="MLflow experiment the run is logged under")
+
+    @field_validator("mlflow_uri")
+    @classmethod
+    def _no_credentials(cls, v: str | None) -> str | None:
+        if v is not None and v.startswith(("http://", "https://")):
+            plain_url(v, "mlflow_uri")
+        return v
 
 
 class StorageConfig(Section):
@@ -378,6 +399,24 @@ class StorageConfig(Section):
         return self
 
 
+# storage, cluster, tracking and model.device say where artifacts live, where stages run and where
+# figures are shown, not what they compute: not hashed. (One config serves a pipeline's GPU and CPU
+# tasks alike: device auto.) Nor do the process counts: N processes take the step one process takes
+# (the same weights up to float rounding).
+WHERE = {
+    "storage": True,
+    "cluster": True,
+    "tracking": True,
+    "model": {"device"},
+    "training": {"num_processes", "launch"},
+    "generation": {"num_processes", "launch"},
+}
+
+# What may differ between the runs of one run folder (``ac2_core.runner.record``): where artifacts
+# live, stages run and figures are shown (none of it hashed), the run length and what is kept.
+SETTLED = {**WHERE, "run": {"iterations", "keep_models", "keep_best"}}
+
+
 class AC2Config(Section):
     run_id: str = Field("ac2", pattern=r"^[a-z0-9][a-z0-9-]{0,62}$", description="name of the run")
     algorithm: Literal["ac2", "grpo"] = Field("ac2", description="ac2, or the grpo baseline built from the same stages")
@@ -395,6 +434,7 @@ class AC2Config(Section):
     training: TrainingConfig = TrainingConfig()
     eval: EvalConfig = EvalConfig()
     run: RunConfig = RunConfig()
+    tracking: TrackingConfig = TrackingConfig()
     storage: StorageConfig = StorageConfig()
     cluster: ClusterConfig = ClusterConfig()
 
@@ -434,17 +474,14 @@ class AC2Config(Section):
 
     def config_hash(self) -> str:
         """sha256 of the canonical JSON form: identical configs hash identically."""
-        # storage, cluster and model.device say where artifacts live and where stages run, not what they
-        # compute: not hashed. (One config serves a pipeline's GPU and CPU tasks alike: device auto.)
-        # Nor do the process counts: N processes take the step one process takes (the same weights up to float rounding).
-        where = {
-            "storage": True,
-            "cluster": True,
-            "model": {"device"},
-            "training": {"num_processes", "launch"},
-            "generation": {"num_processes", "launch"},
-        }
-        canonical = json.dumps(self.model_dump(mode="json", exclude=where), sort_keys=True, separators=(",", ":"))
+        canonical = json.dumps(self.model_dump(mode="json", exclude=WHERE), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def run_hash(self) -> str:
+        """sha256 of what every iteration of one run folder shares: the config hash's fields less the
+        run length and what is kept (``SETTLED``), which a resumed run may change. The metrics
+        table's ``config_hash`` column: one value for a whole run, whichever runner and run length."""
+        canonical = json.dumps(self.model_dump(mode="json", exclude=SETTLED), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     def bootstrap_hash(self) -> str:

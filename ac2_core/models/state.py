@@ -1,4 +1,5 @@
-"""A checkpoint's ``ac2_state.json``: its kind, version and trained tokens.
+"""A checkpoint's ``ac2_state.json``: its kind, version, trained tokens and the statistics of
+the update that wrote it (``stats``: means over its optimizer steps, absent from a bootstrap).
 
 Torch-free on purpose: ``sample_prefixes`` and ``evaluate`` read a version without
 importing torch or transformers, which costs seconds in every fresh KFP task.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from collections.abc import Iterator
 
 from ac2_core import storage
@@ -55,3 +57,13 @@ def read_state(uri: str, *, kind: str) -> dict:
 
 def read_version(uri: str, *, kind: str) -> int:
     return read_state(uri, kind=kind)["version"]
+
+
+def update_stats(history: list[dict], keys: dict[str, str]) -> dict:
+    """The means over an update's optimizer steps (``history``: one dict of figures per step) of
+    the figures ``keys`` names (figure -> name in the state); None each when no step was taken."""
+    out = {}
+    for figure, name in sorted(keys.items()):
+        mean = sum(h[figure] for h in history) / len(history) if history else None
+        out[name] = mean if mean is None or math.isfinite(mean) else None  # JSON has no NaN
+    return out

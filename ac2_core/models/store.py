@@ -42,6 +42,7 @@ class Checkpoint:
     trainer: Trainer | None = None
     trained_tokens: int = 0  # tokens forwarded and backpropagated by the update that wrote it
     uri: str | None = None  # the artifact it was loaded from: named when its optimizer state cannot be read
+    stats: dict | None = None  # the update's training statistics (``update_stats``), for evaluate's metrics row
 
 
 class ModelStore:
@@ -170,6 +171,8 @@ class ModelStore:
             if ckpt.trainer is not None:
                 ckpt.trainer.save(folder)
             state = {"kind": ckpt.kind, "version": ckpt.version, "trained_tokens": ckpt.trained_tokens}
+            if ckpt.stats is not None:
+                state["stats"] = ckpt.stats
             (folder / STATE).write_text(json.dumps(state, sort_keys=True) + "\n")
         if self.keep_in_memory:
             ckpt.source = None  # its optimizer state now lives in ckpt.trainer

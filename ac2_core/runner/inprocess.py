@@ -27,6 +27,11 @@ def stage_calls(cfg: AC2Config, layout: RunLayout, it: int) -> list[StageCall]:
     return calls(cfg, it, layout.output)
 
 
+def named_inputs(cfg: AC2Config, it: int) -> dict[str, dict[str, str | None]]:
+    """Each stage's inputs of iteration ``it`` as its manifests name them: paths relative to the run folder."""
+    return {call.stage: call.kwargs for call in calls(cfg, it, RunLayout.relative)}
+
+
 def run_bootstrap(cfg: AC2Config, layout: RunLayout, log: Log = print) -> StageStats:
     (call,) = stage_calls(cfg, layout, 0)
     return call.run(cfg, log=log)
@@ -35,9 +40,10 @@ def run_bootstrap(cfg: AC2Config, layout: RunLayout, log: Log = print) -> StageS
 def run_iteration(cfg: AC2Config, layout: RunLayout, it: int, store: ModelStore) -> dict[str, StageStats]:
     """Every stage of iteration ``it``: their stats by stage name. ``seconds`` holds each stage's wall time."""
     results, times = {}, {}
+    named = named_inputs(cfg, it)
     for call in stage_calls(cfg, layout, it):
         t0 = time.perf_counter()
-        results[call.stage] = call.run(cfg, store=store)
+        results[call.stage] = call.run(cfg, store=store, named=named[call.stage])
         times[call.stage] = time.perf_counter() - t0
     results["seconds"] = times
     return results
@@ -55,13 +61,14 @@ class InProcess:
     def bootstrap(self, cfg: AC2Config, layout: RunLayout, log: Log) -> None:
         run_bootstrap(cfg, layout, log)
 
-    def iteration(self, cfg: AC2Config, layout: RunLayout, it: int) -> None:
+    def iteration(self, cfg: AC2Config, layout: RunLayout, it: int) -> dict[str, float]:
         # update_actor and update_critic take last iteration's models out of the store, so
         # it holds only this iteration's checkpoints (and the reference policy, if any).
-        run_iteration(cfg, layout, it, self.store)
+        return run_iteration(cfg, layout, it, self.store)["seconds"]
 
 
-def run(cfg: AC2Config, out_dir: str, *, log: Log = print, bootstrap_from: str | None = None) -> list[dict]:
-    """``ac2 run --runner inprocess``: ``loop.run`` with the stages in this process; returns the metrics rows."""
+def run(cfg: AC2Config, out_dir: str, *, log: Log = print, **options) -> list[dict]:
+    """``ac2 run --runner inprocess``: ``loop.run`` with the stages in this process, and its
+    ``options`` (``bootstrap_from``, ``resume``, ``tty``); returns the metrics rows."""
     with storage.using(cfg.storage):  # endpoint, retries and artifact root of every stage below
-        return loop.run(cfg, out_dir, lambda: nullcontext(InProcess(cfg, log)), log=log, bootstrap_from=bootstrap_from)
+        return loop.run(cfg, out_dir, lambda: nullcontext(InProcess(cfg, log)), log=log, **options)

@@ -9,20 +9,41 @@
     <root>/iter-0001/update_critic/critic          (ac2 only)
     <root>/iter-0001/evaluate/metrics
 
+    <root>/config.yaml                            the resolved config, recorded at first start (``record``)
+
 An iteration is finished once its ``metrics`` is published: both runners publish it last.
+Manifests name their inputs by these paths relative to the root (``relative``), so a run
+folder can be moved, or copied to object storage, whole.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from ac2_core import storage
 from ac2_core.stages.recipe import BOOTSTRAP_STAGE, PRODUCER
 
+# an artifact's path in a run folder: bootstrap/<name> or iter-NNNN/<stage>/<name>
+_IN_RUN = re.compile(r"^(?P<root>.*?)/?(?P<path>bootstrap/[^/]+|iter-(?P<it>\d{4,})/[^/]+/[^/]+)/?$")
+
 
 @dataclass(frozen=True)
 class RunLayout:
     root: str
+
+    @staticmethod
+    def relative(iteration: int, name: str) -> str:
+        """Path of artifact ``name`` of ``iteration`` (0: the bootstrap) relative to the run folder."""
+        if iteration == 0:
+            return f"bootstrap/{name}"
+        return f"iter-{iteration:04d}/{PRODUCER[name].name}/{name}"
+
+    @staticmethod
+    def split(uri: str) -> tuple[str, str] | None:
+        """(run folder, relative path) of an artifact URI laid out as in a run folder; None otherwise."""
+        m = _IN_RUN.match(uri.rstrip("/"))
+        return (m.group("root"), m.group("path")) if m else None
 
     def bootstrap(self, name: str) -> str:
         return storage.join(self.root, "bootstrap", name)
@@ -32,9 +53,7 @@ class RunLayout:
 
     def output(self, iteration: int, name: str) -> str:
         """URI of artifact ``name`` written in ``iteration`` (0 is the bootstrap)."""
-        if iteration == 0:
-            return self.bootstrap(name)
-        return storage.join(self.iteration_dir(iteration), PRODUCER[name].name, name)
+        return storage.join(self.root, self.relative(iteration, name))
 
     def has_bootstrap(self) -> bool:
         return all(storage.exists(self.bootstrap(name)) for name in BOOTSTRAP_STAGE.outputs)

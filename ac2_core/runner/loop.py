@@ -1,11 +1,13 @@
 """The iteration loop of a local run, the same for both runners.
 
-``run`` checks what the run reads (the config's device, the task's data, a bootstrap to
-adopt) before anything is written, locks the run folder (``lock``), removes what a killed
-run left there (``storage.remove_leftovers``), makes (or adopts) the bootstrap, resumes
-after the last finished iteration, runs the rest one by one, prints a row for each and
-drops old checkpoints. What a runner adds is how one pipeline of stages is executed
-(``Runner``, opened by the loop once the folder is locked): ``ac2_core.runner.inprocess``
+``run`` checks the run folder against the config (``record``) and what the run reads (the
+config's device, the task's data, a bootstrap to adopt) before anything is written, locks
+the run folder (``lock``), checks the folder again under the lock and records the config,
+removes what a killed run left there (``storage.remove_leftovers``), makes (or adopts) the
+bootstrap, resumes after the last finished iteration, runs the rest one by one, shows a row
+for each with progress and ETA, hands it to the trackers and drops old checkpoints. What a
+runner adds is how one pipeline of stages is executed (``Runner``, opened by the loop once
+the folder is locked): ``ac2_core.runner.inprocess``
 calls the stage functions in this process; ``pipelines.local`` runs the KFP pipelines
 through kfp.local. Either way the artifacts land at their names in ``RunLayout``.
 """
@@ -20,9 +22,12 @@ from typing import Protocol
 
 from ac2_core import storage
 from ac2_core.config import AC2Config
-from ac2_core.runner import lock
+from ac2_core.runner import lock, record
 from ac2_core.runner.layout import RunLayout
-from ac2_core.runner.report import HEADER, format_row
+from ac2_core.runner.progress import Progress, bootstrap_log
+from ac2_core.runner.report import HEADER, format_row, metrics_markdown
+from ac2_core.runner.timings import add_timing, read_timings
+from ac2_core.runner.tracking import TENSORBOARD, Trackers
 from ac2_core.stages.recipe import BOOTSTRAP_STAGE
 
 Log = Callable[[str], None]
@@ -34,8 +39,12 @@ class Runner(Protocol):
     def bootstrap(self, cfg: AC2Config, layout: RunLayout, log: Log) -> None:
         """Write every bootstrap artifact at its ``layout.bootstrap`` URI."""
 
-    def iteration(self, cfg: AC2Config, layout: RunLayout, iteration: int) -> None:
-        """Write every artifact of ``iteration`` at its ``layout.output`` URI, ``metrics`` last."""
+    def iteration(self, cfg: AC2Config, layout: RunLayout, iteration: int) -> dict[str, float]:
+        """Write every artifact of ``iteration`` at its ``layout.output`` URI, ``metrics`` last;
+        return each stage's wall seconds (those it knows)."""
+
+
+SUMMARY = "summary.md"
 
 
 def run(
@@ -45,20 +54,70 @@ def run(
     *,
     log: Log = print,
     bootstrap_from: str | None = None,
+    resume: str = "auto",
+    tty: bool | None = None,
 ) -> list[dict]:
     """Bootstrap (once, or adopt ``bootstrap_from``'s), then iterations up to ``cfg.run.iterations``;
-    returns the metrics rows. A run folder that holds finished iterations is resumed after the last.
+    returns the metrics rows.
 
-    ``open_runner()`` is entered once the inputs are checked and the folder is locked: a
-    runner may write under ``out_dir`` (logs, a task host's) from then on, not before.
+    A run folder that holds a run is checked against ``cfg`` first (``record.check``: another
+    config stops here, ``resume="never"`` refuses it) and resumed after its last finished
+    iteration; asked for fewer iterations than it holds, it is left unchanged. Progress (with
+    elapsed time and ETA) goes to ``log``, as a bar on a terminal (``tty``: None to detect);
+    every row also goes to the trackers (``tracking``) and ``summary.md``.
+
+    ``open_runner()`` is entered once the inputs are checked, the folder is locked and its
+    config recorded: a runner may write under ``out_dir`` (logs, a task host's) from then on, not before.
     """
     layout = RunLayout(out_dir)
+    state = record.check(cfg, layout, resume=resume)  # writes nothing: another run's folder is refused untouched
+    if state.fewer(cfg):
+        return _nothing_to_run(cfg, layout, state, log)
     check_inputs(cfg, layout, bootstrap_from)  # before anything is written under out_dir
     with lock.held(out_dir, log=log):
-        for removed in storage.remove_leftovers(out_dir):
+        state = record.check(cfg, layout, resume=resume)  # again, now that no other run can record in between
+        if state.fewer(cfg):
+            return _nothing_to_run(cfg, layout, state, log)
+        for removed in storage.remove_leftovers(out_dir, plain=(TENSORBOARD,)):
             log(f"removed {removed}: left by a run that was killed while it wrote an artifact")
-        with open_runner() as runner:
-            return _iterations(cfg, layout, runner, log, bootstrap_from)
+        record.record(cfg, layout)
+        trackers = Trackers(cfg, out_dir)
+        try:
+            with open_runner() as runner:
+                _run(cfg, layout, runner, log, bootstrap_from, trackers, tty)
+        finally:
+            trackers.close()
+        rows = storage.read_rows(layout.output(cfg.run.iterations, "metrics"), kind="metrics")
+        storage.write_text(storage.join(out_dir, SUMMARY), metrics_markdown(rows, read_timings(out_dir)) + "\n")
+        return rows
+
+
+def _nothing_to_run(cfg: AC2Config, layout: RunLayout, state: record.Resume, log: Log) -> list[dict]:
+    log(
+        f"{layout.root} holds {state.done} finished iterations and run.iterations is {cfg.run.iterations}:"
+        " nothing to run, and the run folder is left as it is"
+    )
+    return storage.read_rows(layout.output(state.done, "metrics"), kind="metrics")
+
+
+def _run(
+    cfg: AC2Config, layout: RunLayout, runner: Runner, log: Log, bootstrap_from: str | None, trackers: Trackers, tty
+) -> None:
+    _bootstrap(cfg, layout, runner, log, bootstrap_from, tty)
+    done = layout.completed_iterations()
+    if done:
+        log(f"resuming {layout.root} after iteration {done}")
+        prune(cfg, layout, done)  # in case the run that finished it was killed while it pruned
+    if done == cfg.run.iterations:
+        log(f"all {done} iterations are done: nothing to run")
+    else:
+        log(f"{cfg.algorithm} training ({runner.label}): iterations {done + 1}..{cfg.run.iterations}")
+    log(HEADER)
+    if done == 0:
+        row0 = storage.read_rows(layout.bootstrap("metrics"), kind="metrics")[0]
+        log(format_row(row0) + "   (initial policy)")
+        trackers.log(row0)
+    _iterations(cfg, layout, runner, done, log, trackers, tty)
 
 
 def check_inputs(cfg: AC2Config, layout: RunLayout, bootstrap_from: str | None) -> None:
@@ -86,42 +145,65 @@ def check_inputs(cfg: AC2Config, layout: RunLayout, bootstrap_from: str | None) 
         problems_for(cfg.task)  # reads every row of data and val_data; the bootstrap reads them again
 
 
-def _iterations(cfg: AC2Config, layout: RunLayout, runner: Runner, log: Log, bootstrap_from: str | None) -> list[dict]:
-    out_dir = layout.root
+def _bootstrap(cfg: AC2Config, layout: RunLayout, runner: Runner, log: Log, bootstrap_from: str | None, tty) -> None:
+    if layout.has_bootstrap():
+        return
+    t0 = time.perf_counter()
+    if bootstrap_from:
+        adopt_bootstrap(cfg, layout, bootstrap_from)
+        log(f"bootstrap adopted from {bootstrap_from}")
+        return
+    warm_log, close = bootstrap_log(log, tty=tty)
+    try:
+        runner.bootstrap(cfg, layout, warm_log)
+    finally:
+        close()
+    log(f"bootstrap: {time.perf_counter() - t0:.1f}s")
+
+
+def _iterations(cfg: AC2Config, layout: RunLayout, runner: Runner, done: int, log: Log, trackers: Trackers, tty) -> None:
+    if done >= cfg.run.iterations:
+        return
     t_start = time.perf_counter()
-    if not layout.has_bootstrap():
-        t0 = time.perf_counter()
-        if bootstrap_from:
-            adopt_bootstrap(cfg, layout, bootstrap_from)
-            log(f"bootstrap adopted from {bootstrap_from}")
-        else:
-            runner.bootstrap(cfg, layout, log)
-            log(f"bootstrap: {time.perf_counter() - t0:.1f}s")
-    done = layout.completed_iterations()
-    if done:
-        log(f"resuming {out_dir} after iteration {done}")
-        prune(cfg, layout, done)  # in case the run that finished it was killed while it pruned
-    log(f"{cfg.algorithm} training ({runner.label}): iterations {done + 1}..{cfg.run.iterations}")
-    log(HEADER)
-    if done == 0:
-        log(format_row(storage.read_rows(layout.bootstrap("metrics"), kind="metrics")[0]) + "   (initial policy)")
-    for it in range(done + 1, cfg.run.iterations + 1):
-        t0 = time.perf_counter()
-        runner.iteration(cfg, layout, it)
-        metrics = storage.read_rows(layout.output(it, "metrics"), kind="metrics")[-1]
-        log(f"{format_row(metrics)}   {time.perf_counter() - t0:5.1f}s")
-        prune(cfg, layout, it)
-    rows = storage.read_rows(layout.output(cfg.run.iterations, "metrics"), kind="metrics")
-    log(f"done in {time.perf_counter() - t_start:.0f}s: {out_dir}")
-    return rows
+    progress = Progress("iterations", cfg.run.iterations, log=log, start=done, tty=tty)
+    try:
+        for it in range(done + 1, cfg.run.iterations + 1):
+            t0 = time.perf_counter()
+            seconds = runner.iteration(cfg, layout, it) or {}
+            wall = time.perf_counter() - t0
+            add_timing(layout.root, it, seconds or {"iteration": wall})
+            rows = storage.read_rows(layout.output(it, "metrics"), kind="metrics")
+            progress.update(it, f"{format_row(rows[-1])} {wall:6.1f}s")
+            trackers.log(rows[-1], seconds)
+            prune(cfg, layout, it, rows)
+    finally:
+        progress.close()
+    log(f"done in {time.perf_counter() - t_start:.0f}s: {layout.root}")
 
 
-def prune(cfg: AC2Config, layout: RunLayout, it: int) -> None:
-    """Drop checkpoints older than the newest ``run.keep_models`` iterations (tables are kept)."""
-    old = it - cfg.run.keep_models
-    if old >= 1:
-        for name in ("actor", "critic"):
-            storage.remove(layout.output(old, name))
+def best_iteration(rows: list[dict]) -> int | None:
+    """The iteration (>= 1) of the highest validation score; the earliest of equals."""
+    scored = [r for r in rows if r["iteration"] >= 1 and r["val_score"] is not None]
+    return max(scored, key=lambda r: (r["val_score"], -r["iteration"]))["iteration"] if scored else None
+
+
+def prune(cfg: AC2Config, layout: RunLayout, it: int, rows: list[dict] | None = None) -> None:
+    """Keep the checkpoints of the newest ``run.keep_models`` iterations and, with ``run.keep_best``,
+    those of the best validation score so far; drop the rest (tables are kept).
+
+    Called after each iteration: what it may drop is the iteration that just left the newest
+    ones and a best that has just been beaten (both, on a resumed run, found from ``rows``).
+    """
+    if rows is None and cfg.run.keep_best:
+        rows = storage.read_rows(layout.output(it, "metrics"), kind="metrics")
+    keep = set(range(it - cfg.run.keep_models + 1, it + 1))
+    best_now = best_iteration(rows) if cfg.run.keep_best else None
+    best_before = best_iteration([r for r in rows if r["iteration"] < it]) if cfg.run.keep_best else None
+    keep.add(best_now)
+    for old in {it - cfg.run.keep_models, best_before} - keep:
+        if old is not None and old >= 1:
+            for name in ("actor", "critic"):
+                storage.remove(layout.output(old, name))
 
 
 def adopt_bootstrap(cfg: AC2Config, layout: RunLayout, source_root: str) -> None:

@@ -93,6 +93,13 @@ def reading_examples(cfg: AC2Config, tok, rows: list[dict]) -> list[tuple[list[i
     return examples
 
 
+PROGRESS_LINES = 25  # about this many lines a phase (warm start, critic reading) shows its progress in, besides evaluations
+
+
+def _progress_every(steps: int) -> int:
+    return max(steps // PROGRESS_LINES, 1)
+
+
 def _initial_critic(cfg: AC2Config, actor, tok, rows: list[dict], log: Callable[[str], None]) -> Critic:
     """The actor's backbone, after ``critic.read_steps`` of reading, with a zero value head."""
     if not cfg.critic.read_steps:
@@ -116,6 +123,7 @@ def _initial_critic(cfg: AC2Config, actor, tok, rows: list[dict], log: Callable[
         min_lr_ratio=0.1,
         log=log,
         label="critic reading",
+        progress_every=_progress_every(cfg.critic.read_steps),
     )
     return Critic.from_actor(reader, seed=cfg.seed)
 
@@ -170,6 +178,7 @@ def _sft(cfg, model, tok, train, held_out, log):
         target_score=ws.target_score,
         min_lr_ratio=ws.min_lr_ratio,
         log=log,
+        progress_every=_progress_every(ws.max_steps),
     )
 
 
@@ -180,6 +189,9 @@ def initial_metrics(cfg: AC2Config, model, tok, problems: Problems) -> dict:
         "run_id": cfg.run_id,
         "iteration": 0,
         "policy_version": 0,
+        # the bootstrap is shared by runs of either algorithm (--bootstrap-from): it names itself
+        "algorithm": "bootstrap",
+        "config_hash": cfg.bootstrap_hash(),
         "val_score": val_score,
         "readiness_share": 0.0,
         "chunk_groups": 0,
@@ -190,6 +202,7 @@ def initial_metrics(cfg: AC2Config, model, tok, problems: Problems) -> dict:
         "critic_error": None,
         "critic_auc": None,
         "full_rollout_tokens": 0.0,
+        **dict.fromkeys(("actor_loss", "clip_fraction", "grad_norm", "kl", "entropy", "critic_loss")),
     }
     for key in ("decode_tokens", "decode_flops", "prefill_flops", "critic_flops", "train_flops"):
         row[key] = row[f"cum_{key}"] = 0

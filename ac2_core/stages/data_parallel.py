@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from ac2_core import launch, storage
 from ac2_core.config import AC2Config, config_from_json, parallel
+from ac2_core.storage import lineage
 
 if TYPE_CHECKING:
     from ac2_core.stages.common import StageStats
@@ -71,9 +72,12 @@ def run(cfg: AC2Config, stage: str, iteration: int, kwargs: dict, store=None) ->
         for uri in kwargs.values():
             if uri is not None:
                 store.forget(uri)
+    # the processes' manifests name the inputs as this call's do (a runner's paths relative to the run folder)
+    recorded = lineage.current()
+    named = {k: entry["uri"] for k, entry in recorded["inputs"].items()} if recorded else None
     n = processes(cfg)
     with launch.scratch(stage) as folder:
-        spec = {"stage": stage, "iteration": iteration, "kwargs": kwargs, "config": cfg.to_json()}
+        spec = {"stage": stage, "iteration": iteration, "kwargs": kwargs, "named": named, "config": cfg.to_json()}
         launch.write_spec(folder, spec)
         launch.torchrun(MODULE, folder, n, what=f"{stage} over {n} processes")
         return launch.read_result(folder, 0)
@@ -86,7 +90,9 @@ def _work(folder, spec: dict, ranks) -> None:
     cfg = config_from_json(spec["config"])
     store = ModelStore(cfg, ranks=ranks)
     with storage.using(cfg.storage):
-        stats = run_stage(cfg, spec["stage"], iteration=spec["iteration"], kwargs=spec["kwargs"], store=store)
+        stats = run_stage(
+            cfg, spec["stage"], iteration=spec["iteration"], kwargs=spec["kwargs"], store=store, named=spec["named"]
+        )
     if ranks.writes:
         launch.write_result(folder, ranks.rank, stats.as_dict())
 

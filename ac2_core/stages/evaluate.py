@@ -1,6 +1,9 @@
-"""evaluate: the policy's score on held-out problems, and the iteration's compute bill.
+"""evaluate: the policy's score on held-out problems, the iteration's training statistics and
+compute bill, and a few decoded samples.
 
-The metrics table is cumulative: it is last iteration's table plus one row. Compute is
+The metrics table is cumulative: it is last iteration's table plus one row. The actor's and
+critic's training statistics come from their checkpoints' state (``models.state``); the
+entropy is estimated from the behaviour log-probs of the decoded chunks. Compute is
 counted from the artifacts themselves (docs/design.md section 2, step 7):
 decode FLOPs per generated token at its context position, prefill once per prefix
 (the G samples share it, as with prefix caching), the critic forward work recorded by
@@ -25,7 +28,7 @@ from ac2_core.math import (
 from ac2_core.math.savings import full_rollout_tokens
 from ac2_core.models.state import read_state
 from ac2_core.models.store import ModelStore
-from ac2_core.stages.common import Problems, StageStats, prompt_ids, read, seed_for, write
+from ac2_core.stages.common import Problems, StageStats, prompt_ids, read, rng_for, seed_for, write
 from ac2_core.tasks import grade_many
 
 STAGE = "evaluate"
@@ -90,6 +93,51 @@ def compute_bill(model, chunks, prefixes, scored, trained_tokens: int, *, group_
     }
 
 
+STATS = ("actor_loss", "clip_fraction", "grad_norm", "kl", "critic_loss")
+SAMPLES_PER_MODE = 2  # decoded samples kept per mode (full, chunk) and iteration: a few, for people to read
+
+
+def training_stats(actor_state: dict, critic_state: dict, chunks: list[dict]) -> dict:
+    """The update's statistics as the checkpoints recorded them (None where absent), and the
+    sampled entropy: mean -log p of the decoded tokens under the behaviour policy, an unbiased
+    estimate of its per-token entropy at the sampling temperature."""
+    recorded = {**actor_state.get("stats", {}), **critic_state.get("stats", {})}
+    logprobs = [lp for c in chunks for lp in c["logprobs"]]
+    entropy = -sum(logprobs) / len(logprobs) if logprobs else None
+    return {**{k: recorded.get(k) for k in STATS}, "entropy": entropy}
+
+
+def decoded_samples(cfg: AC2Config, iteration: int, tok, probs: Problems, scored: list[dict]) -> list[dict]:
+    """A few of the iteration's scored chunks, decoded: up to ``SAMPLES_PER_MODE`` per mode,
+    finished ones first, drawn with the stage's seed (so a rerun keeps the same ones)."""
+    rng = rng_for(cfg, iteration, STAGE)
+    picked = []
+    for mode in ("full", "chunk"):
+        rows = sorted((s for s in scored if s["mode"] == mode), key=lambda s: (not s["finished"], s["chunk_id"]))
+        finished = [s for s in rows if s["finished"]]
+        pool = finished if len(finished) >= SAMPLES_PER_MODE else rows
+        if pool:
+            take = rng.choice(len(pool), size=min(SAMPLES_PER_MODE, len(pool)), replace=False)
+            picked += [pool[i] for i in sorted(take)]
+    return [
+        {
+            "run_id": cfg.run_id,
+            "iteration": iteration,
+            "policy_version": s["policy_version"],
+            "chunk_id": s["chunk_id"],
+            "problem_id": s["problem_id"],
+            "mode": s["mode"],
+            "prompt": probs[s["problem_id"]]["prompt"],
+            "answer": tok.decode(s["response_token_ids"], skip_special_tokens=True),
+            "finished": s["finished"],
+            "reward": s["reward"],
+            "target": s["target"],
+            "target_source": s["target_source"],
+        }
+        for s in picked
+    ]
+
+
 @dataclass(frozen=True)
 class EvalStats(StageStats):
     """The iteration's row of the metrics table (``schemas.METRICS``), without ``run_id``."""
@@ -103,10 +151,18 @@ class EvalStats(StageStats):
     mean_train_reward: float | None
     ungraded_chunks: int
     ungraded_val: int | None
+    algorithm: str
+    config_hash: str
     critic_error: float | None
     critic_auc: float | None  # of this iteration's pairs, scored before the critic trained on them
     decode_tokens: int
     full_rollout_tokens: float  # what full rollouts of the same problems would have decoded
+    actor_loss: float | None  # training statistics: means over the update's optimizer steps
+    clip_fraction: float | None
+    grad_norm: float | None
+    kl: float | None
+    entropy: float | None
+    critic_loss: float | None
     decode_flops: float
     prefill_flops: float
     critic_flops: float
@@ -131,6 +187,7 @@ def run(
     readiness: str,
     critic: str | None,
     metrics: str,
+    out_samples: str,
     out_metrics: str,
     store: ModelStore | None = None,
 ) -> EvalStats:
@@ -142,10 +199,11 @@ def run(
     scored = read(scored_chunks, "scored_chunks")
     pairs = read(critic_pairs, "critic_pairs")
     windows = read(readiness, "readiness")
-    trained = read_state(actor, kind="actor")["trained_tokens"]
-    if critic is not None:
-        trained += read_state(critic, kind="critic")["trained_tokens"]
-    bill = compute_bill(ckpt.model, read(chunks, "chunks"), prefix_rows, scored, trained, group_size=cfg.rollout.group_size)
+    actor_state = read_state(actor, kind="actor")
+    critic_state = read_state(critic, kind="critic") if critic is not None else {}
+    trained = actor_state["trained_tokens"] + critic_state.get("trained_tokens", 0)
+    chunk_rows = read(chunks, "chunks")
+    bill = compute_bill(ckpt.model, chunk_rows, prefix_rows, scored, trained, group_size=cfg.rollout.group_size)
 
     due = iteration % cfg.eval.every == 0 or iteration >= cfg.run.iterations
     val_score, ungraded_val = validation_score(cfg, ckpt.model, ckpt.tokenizer, probs, model_uri=actor) if due else (None, None)
@@ -155,6 +213,8 @@ def run(
         "run_id": cfg.run_id,
         "iteration": iteration,
         "policy_version": ckpt.version,
+        "algorithm": cfg.algorithm,
+        "config_hash": cfg.run_hash(),  # one value for the whole run, whatever its length
         "val_score": val_score,
         "readiness_share": sum(w["ready"] for w in windows) / len(windows) if windows else 0.0,
         "chunk_groups": sum(p["mode"] == "chunk" for p in prefix_rows),
@@ -169,8 +229,10 @@ def run(
         else None,
         "critic_auc": _auc([p["prediction"] for p in pairs], [p["outcome"] for p in pairs]),
         **bill,
+        **training_stats(actor_state, critic_state, chunk_rows),
     }
     for key in ("decode_tokens", "decode_flops", "prefill_flops", "critic_flops", "train_flops"):
         row[f"cum_{key}"] = (last[f"cum_{key}"] if last else 0) + row[key]
-    write(cfg, STAGE, out_metrics, [*previous, row], "metrics")
+    write(cfg, STAGE, out_samples, decoded_samples(cfg, iteration, ckpt.tokenizer, probs, scored), "samples")
+    write(cfg, STAGE, out_metrics, [*previous, row], "metrics")  # last: it marks the iteration finished
     return EvalStats(**{k: v for k, v in row.items() if k != "run_id"})

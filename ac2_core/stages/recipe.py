@@ -154,7 +154,7 @@ ITERATION = (
             _this("critic"),
             _prev("metrics"),
         ),
-        outputs=("metrics",),
+        outputs=("samples", "metrics"),  # metrics last: it marks the iteration finished
         models=True,
     ),
 )
@@ -218,8 +218,15 @@ class StageCall:
         """Output artifact name -> URI."""
         return {k.removeprefix("out_"): v for k, v in self.kwargs.items() if k.startswith("out_")}
 
-    def run(self, cfg: AC2Config, *, store: ModelStore | None = None, log: Callable[[str], None] | None = None):
-        return run_stage(cfg, self.stage, iteration=self.iteration, kwargs=self.kwargs, store=store, log=log)
+    def run(
+        self,
+        cfg: AC2Config,
+        *,
+        store: ModelStore | None = None,
+        log: Callable[[str], None] | None = None,
+        named: dict[str, str | None] | None = None,
+    ):
+        return run_stage(cfg, self.stage, iteration=self.iteration, kwargs=self.kwargs, store=store, log=log, named=named)
 
 
 def calls(cfg: AC2Config, iteration: int, published: Published) -> list[StageCall]:
@@ -250,16 +257,27 @@ def run_stage(
     kwargs: dict[str, str | None],
     store: ModelStore | None = None,
     log: Callable[[str], None] | None = None,
+    named: dict[str, str | None] | None = None,
 ) -> StageStats:
     """Call stage ``name`` with its URIs: the one place a stage is called by name.
 
     ``store`` reaches the stages that load models, ``log`` the ones that print progress;
-    without them a stage makes its own, as it does in a KFP task.
+    without them a stage makes its own, as it does in a KFP task. Every artifact the stage
+    publishes names its inputs (``storage.lineage``): by ``named``'s URI for each input
+    keyword (the runners pass paths relative to the run folder), else by the URI read.
     """
+    from ac2_core.storage.lineage import recording
+
     s = stage(name)
     extra: dict = {}
     if store is not None and s.models:
         extra["store"] = store
     if log is not None and s.logs:
         extra["log"] = log
-    return s.function()(cfg, iteration=iteration, **kwargs, **extra)
+    inputs = {
+        inp.keyword: ((named or {}).get(inp.keyword) or kwargs[inp.keyword], kwargs[inp.keyword])
+        for inp in s.inputs
+        if kwargs.get(inp.keyword) is not None
+    }
+    with recording(iteration, inputs):
+        return s.function()(cfg, iteration=iteration, **kwargs, **extra)

@@ -15,6 +15,7 @@ import torch
 from ac2_core.config import AC2Config
 from ac2_core.math import ppo_clip_loss
 from ac2_core.models.device import device_of
+from ac2_core.models.state import update_stats
 from ac2_core.models.store import ModelStore
 from ac2_core.stages import data_parallel
 from ac2_core.stages.common import Problems, StageStats, prompt_ids, read
@@ -138,6 +139,8 @@ def run(
     history = [trainer.step(mbs, loss_fn) for _ in range(cfg.actor.steps_per_iteration)] if mbs else []
     ckpt.version += 1
     ckpt.trained_tokens = len(history) * sum(len(ctx) + len(resp) for ctx, resp, _, _ in batch)
+    figures = {"loss": "actor_loss", "clip_fraction": "clip_fraction", "grad_norm": "grad_norm", "approx_kl": "kl"}
+    ckpt.stats = update_stats(history, figures)
     actor_hash = store.save(out_actor, ckpt, stage=STAGE)
     last = history[-1] if history else {}
     return ActorStats(

@@ -15,6 +15,7 @@ import torch
 from ac2_core.config import AC2Config
 from ac2_core.math import critic_bce_loss
 from ac2_core.models.device import device_of
+from ac2_core.models.state import update_stats
 from ac2_core.models.store import ModelStore
 from ac2_core.stages import data_parallel
 from ac2_core.stages.common import Problems, StageStats, read, rng_for
@@ -132,6 +133,7 @@ def run(
         history.append(trainer.step([(batch[i : i + mb], total_weight) for i in range(0, len(batch), mb)], loss_fn))
         ckpt.trained_tokens += sum(len(x) for x, _ in batch)
     ckpt.version += 1
+    ckpt.stats = update_stats(history, {"loss": "critic_loss"})
     critic_hash = store.save(out_critic, ckpt, stage=STAGE)
     return CriticStats(
         examples=len(examples),

@@ -27,6 +27,8 @@ The modules, each behind this one import:
     exclusive   a small file created only if absent (a run folder's lock on an object store)
     tables      Parquet tables of a declared schema
     models      model directories: verified, no pickle, a local cache of remote ones
+    lineage     the inputs a stage read, named in the manifests it publishes
+    files       a run folder's plain files (no manifest): config record, summary, timings
 """
 
 from ac2_core.storage.active import settings, using
@@ -41,6 +43,7 @@ from ac2_core.storage.artifacts import (
     read_manifest,
     remove,
 )
+from ac2_core.storage.files import put_file, read_text, write_text
 from ac2_core.storage.leftovers import remove_leftovers, remove_temp_leftovers
 from ac2_core.storage.manifest import MANIFEST, ArtifactError, Manifest
 from ac2_core.storage.models import PICKLE_SUFFIXES, local_model_dir
@@ -61,10 +64,12 @@ __all__ = [
     "local_model_dir",
     "move",
     "publish_dir",
+    "put_file",
     "read_file",
     "read_manifest",
     "read_rows",
     "read_table",
+    "read_text",
     "remove",
     "remove_leftovers",
     "remove_temp_leftovers",
@@ -72,4 +77,5 @@ __all__ = [
     "table_from_rows",
     "using",
     "write_table",
+    "write_text",
 ]

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ac2_core.schemas import SCHEMA_VERSION
+from ac2_core.storage import lineage as lineage_
 from ac2_core.storage.leftovers import REPLACED, aside_name, staging_prefix
 from ac2_core.storage.manifest import MANIFEST, ArtifactError, Manifest
 from ac2_core.storage.remote import call, in_parallel, objects
@@ -119,10 +120,14 @@ def _publish_remote(t: Target, staging: Path, files: dict[str, dict], manifest_t
 
 
 @contextlib.contextmanager
-def publish_dir(uri: str, *, kind: str, stage: str, config_hash: str, rows: int | None = None) -> Iterator[Path]:
+def publish_dir(
+    uri: str, *, kind: str, stage: str, config_hash: str, rows: int | None = None, lineage: dict | None = None
+) -> Iterator[Path]:
     """Yield an empty local folder; when the block ends without error, publish it at ``uri``.
 
-    On an exception nothing is published and whatever was at ``uri`` before stays.
+    On an exception nothing is published and whatever was at ``uri`` before stays. The
+    manifest names ``lineage``, or else the inputs of the ``storage.lineage.recording`` block
+    this runs in, if any.
     """
     t = target(uri, write=True)  # refuses a URI outside the artifact root, or without credentials
     parent = Path(t.path).parent if t.local else None
@@ -135,7 +140,7 @@ def publish_dir(uri: str, *, kind: str, stage: str, config_hash: str, rows: int 
         if (staging / MANIFEST).exists():
             raise ArtifactError(f"{uri}: the writer must not create {MANIFEST} itself")
         files = _describe(staging, t.section.io_threads)
-        manifest = Manifest(kind, stage, config_hash, SCHEMA_VERSION, rows, files)
+        manifest = Manifest(kind, stage, config_hash, SCHEMA_VERSION, rows, files, lineage or lineage_.current())
         if parent is not None:
             (staging / MANIFEST).write_text(manifest.to_json())
             _publish_local(staging, Path(t.path))
@@ -148,7 +153,7 @@ def publish_dir(uri: str, *, kind: str, stage: str, config_hash: str, rows: int 
 def copy(src: str, dst: str) -> None:
     """Republish the verified artifact at ``src`` under ``dst``, manifest fields unchanged."""
     m = read_manifest(src)
-    with publish_dir(dst, kind=m.kind, stage=m.stage, config_hash=m.config_hash, rows=m.rows) as folder:
+    with publish_dir(dst, kind=m.kind, stage=m.stage, config_hash=m.config_hash, rows=m.rows, lineage=m.lineage) as folder:
         for name in m.files:
             (folder / name).parent.mkdir(parents=True, exist_ok=True)
             (folder / name).write_bytes(read_file(src, name))

@@ -11,7 +11,8 @@ each can be as large as a checkpoint, so the next run removes them (``remove_lef
 under the run folder's lock) and says what it removed.
 
 Every such folder is named ``.<artifact>.<what>-<host>-<pid>-<random>``, so that a sweep
-leaves alone those of a process of this machine that is still running.
+leaves alone those of a process of this machine that is still running; so is the staging
+file of a run folder's plain file (``files.write_text``: the recorded config, the timings).
 """
 
 from __future__ import annotations
@@ -69,20 +70,24 @@ def _abandoned(name: str, *, elsewhere: bool) -> bool:
     return int(m["pid"]) != os.getpid() and not alive(int(m["pid"]))
 
 
-def remove_leftovers(root: str) -> list[str]:
+def remove_leftovers(root: str, *, plain: tuple[str, ...] = ()) -> list[str]:
     """Remove what unfinished publishes left under the run folder ``root``; returns what was removed.
 
     The caller holds the run folder's lock, so no other run writes there: leftovers of
     other machines go too, those of a live process of this machine stay. On an object
     store, a folder that holds objects but no manifest (a publish or a removal that did
-    not finish) is removed whole. This machine's temp folder is swept as well
-    (``remove_temp_leftovers``).
+    not finish) is removed whole, except the run folder's folders of plain files that
+    ``plain`` names (TensorBoard's event files). This machine's temp folder is swept as
+    well (``remove_temp_leftovers``).
     """
     t = target(root)
-    found = _local_leftovers(Path(t.path)) if t.local else _remote_leftovers(t)
+    found = _local_leftovers(Path(t.path)) if t.local else _remote_leftovers(t, plain)
     for path in found:
-        if t.local:
+        if t.local and os.path.isdir(path):
             shutil.rmtree(path, ignore_errors=True)
+        elif t.local:  # a plain file's staging (``files.write_text``)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
         else:
             call(t, f"removal of {path}", "rm", path, recursive=True)
     removed = [p if t.local else t.fs.unstrip_protocol(p) for p in found]
@@ -91,18 +96,20 @@ def remove_leftovers(root: str) -> list[str]:
 
 def _local_leftovers(root: Path) -> list[str]:
     found = []
-    for folder, dirs, _ in os.walk(root):
+    for folder, dirs, files in os.walk(root):
         for d in list(dirs):
             if _abandoned(d, elsewhere=True):
                 found.append(os.path.join(folder, d))
                 dirs.remove(d)
+        found += [os.path.join(folder, f) for f in files if _abandoned(f, elsewhere=True)]
     return sorted(found)
 
 
-def _remote_leftovers(t: Target) -> list[str]:
-    """Folders under ``t`` that hold objects and no manifest, and no artifact above them."""
+def _remote_leftovers(t: Target, plain: tuple[str, ...] = ()) -> list[str]:
+    """Folders under ``t`` that hold objects and no manifest, and no artifact above them (nor
+    under the folders of plain files that ``plain`` names)."""
     root = t.path.rstrip("/")
-    keys = [k for k, info in call(t, "listing", "find", root, detail=True).items() if info.get("type") == "file"]
+    keys = [k for k in _keys(t, root) if not any(k.startswith(f"{root}/{p}/") for p in plain)]
     published = {k.rsplit("/", 1)[0] for k in keys if k.rsplit("/", 1)[-1] == MANIFEST}
     orphans = set()
     for key in keys:
@@ -116,6 +123,10 @@ def _remote_leftovers(t: Target) -> list[str]:
             orphans.add(folder)
     # a nested folder goes with its parent
     return sorted(f for f in orphans if not any(f.startswith(o + "/") for o in orphans))
+
+
+def _keys(t: Target, root: str) -> list[str]:
+    return [k for k, info in call(t, "listing", "find", root, detail=True).items() if info.get("type") == "file"]
 
 
 def remove_temp_leftovers(temp: str | None = None) -> list[str]:

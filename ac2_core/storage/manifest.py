@@ -1,4 +1,5 @@
-"""An artifact's manifest: what it is, who wrote it, and the hash of every file in it.
+"""An artifact's manifest: what it is, who wrote it, the hash of every file in it, and
+(optionally, ``lineage``) what it was made from.
 
 A manifest is parsed against one declared schema (``ManifestSchema``) before anything in
 it is used, so that a damaged or hostile ``manifest.json`` (a JSON list, a file entry that
@@ -32,6 +33,22 @@ class FileEntry(BaseModel):
     bytes: Annotated[int, Field(ge=0)]
 
 
+class LineageInput(BaseModel):
+    """One input of the stage that wrote an artifact: the URI it is named by and its content hash."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    uri: Annotated[str, Field(min_length=1)]
+    content_hash: Annotated[str, Field(pattern=_HEX64)]
+
+
+class Lineage(BaseModel):
+    """What an artifact was made from (``storage.lineage``): the iteration and each input by keyword."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    iteration: Annotated[int, Field(ge=0)]
+    inputs: dict[str, LineageInput]
+
+
 class ManifestSchema(BaseModel):
     """``manifest.json`` as ``Manifest.to_json`` writes it; strict: no coercion, no unknown keys."""
 
@@ -44,6 +61,7 @@ class ManifestSchema(BaseModel):
     rows: Annotated[int, Field(ge=0)] | None
     files: dict[str, FileEntry]
     content_hash: Annotated[str, Field(pattern=_HEX64)]
+    lineage: Lineage | None = None  # absent from manifests written without it (a stage called outside a recording)
 
     @field_validator("files")
     @classmethod
@@ -63,6 +81,9 @@ class Manifest:
     schema_version: int
     rows: int | None
     files: dict[str, dict]  # name -> {"sha256": ..., "bytes": ...}
+    # optional: {"iteration": k, "inputs": {keyword: {"uri": ..., "content_hash": ...}}} (``storage.lineage``);
+    # a separate field, absent from manifests written without it, so the manifest stays readable either way
+    lineage: dict | None = None
 
     @property
     def content_hash(self) -> str:
@@ -83,6 +104,8 @@ class Manifest:
             "files": {k: self.files[k] for k in sorted(self.files)},
             "content_hash": self.content_hash,
         }
+        if self.lineage is not None:
+            body["lineage"] = self.lineage
         return json.dumps(body, indent=1, sort_keys=True) + "\n"
 
     @classmethod
@@ -97,7 +120,8 @@ class Manifest:
         except ValidationError as e:
             raise ArtifactError(f"{uri}: {MANIFEST} is malformed ({_first_problem(e)})") from None
         files = {name: {"sha256": f.sha256, "bytes": f.bytes} for name, f in parsed.files.items()}
-        manifest = cls(parsed.kind, parsed.stage, parsed.config_hash, parsed.schema_version, parsed.rows, files)
+        lineage = parsed.lineage.model_dump() if parsed.lineage is not None else None
+        manifest = cls(parsed.kind, parsed.stage, parsed.config_hash, parsed.schema_version, parsed.rows, files, lineage)
         if manifest.content_hash != parsed.content_hash:
             raise ArtifactError(f"{uri}: {MANIFEST} is malformed (content_hash does not match the files it lists)")
         return manifest

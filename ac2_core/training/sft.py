@@ -51,12 +51,15 @@ def train_lm(
     min_lr_ratio: float = 1.0,
     log: Callable[[str], None] = print,
     label: str = "warm start",
+    progress_every: int | None = None,
 ) -> dict:
     """Train ``model`` in place for at most ``steps`` steps on token-id ``examples``:
     ``(ids, n)`` is fitted by next-token cross-entropy on ``ids[n:]`` (what follows the first ``n``).
 
     Every ``eval_every`` steps (and after the last step) ``eval_fn(model)`` is called with the
     model in eval mode; with a ``target_score``, training stops at the first score >= it.
+    Between those reports, every ``progress_every`` steps, a line gives the step and the mean
+    loss of those steps: progress only (``runner.progress`` times the phase from it), not history.
     Returns ``{"steps": steps taken, "score": last score or None, "history": [...]}``,
     one history entry ``{"step", "loss", "score"}`` per report. The model ends in eval mode.
     """
@@ -87,6 +90,9 @@ def train_lm(
         losses.append(loss.item())
         step += 1
         if step % eval_every and step != steps:
+            if progress_every and step % progress_every == 0:
+                recent = losses[-progress_every:]
+                log(f"{label} step {step}/{steps} loss {sum(recent) / len(recent):.3f}")
             continue
         if eval_fn is not None:
             model.eval()

@@ -76,13 +76,20 @@ def artifacts_of(root: str) -> dict[str, str]:
     return found
 
 
+# a run folder's own files besides its artifacts: the summary, the recorded config, the timings,
+# TensorBoard's event files (a name ending in / allows what is under that folder)
+RUN_FILES = ("summary.md", "config.yaml", "timings.json", "tensorboard/")
+
+
 def stray_files(root: str, list_files: Callable[[str], list[str]], allowed: tuple[str, ...] = ()) -> list[str]:
-    """Files under ``root`` that belong to no published artifact (``list_files`` gives paths relative to root)."""
+    """Files under ``root`` that belong to no published artifact and are not ``allowed``
+    (``list_files`` gives paths relative to root)."""
     artifacts = {uri.removeprefix(root.rstrip("/") + "/") for uri in storage.find_artifacts(root)}
     listed = set()
     for a in artifacts:
         listed |= {f"{a}/{n}" for n in storage.read_manifest(storage.join(root, a)).files} | {f"{a}/{storage.MANIFEST}"}
-    return sorted(f for f in list_files(root) if f not in listed and f not in allowed)
+    folders = tuple(a for a in allowed if a.endswith("/"))
+    return sorted(f for f in list_files(root) if f not in listed and f not in allowed and not f.startswith(folders))
 
 
 def local_files(root: str) -> list[str]:

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ac2_core.tasks.loaders import DataError, load_problems
-from pipelines.cli import EXIT_FAILED, main
+from pipelines import exits
+from pipelines.cli import main
 from tests.conftest import tiny_config
 from tests.faults.conftest import config_yaml
 
@@ -114,7 +115,7 @@ def test_a_run_with_a_bad_row_writes_nothing_under_out(tmp_path, capsys, runner)
     (path := tmp_path / "math.jsonl").write_bytes(_jsonl_bytes(bad))
     cfg = tiny_config(task__name="math", task__data=str(path), task__shape="final_answer", task__val_fraction=0.25)
     out = tmp_path / "out"
-    assert main(["run", "--config", config_yaml(cfg, tmp_path), "--out", str(out), "--runner", runner]) == EXIT_FAILED
+    assert main(["run", "--config", config_yaml(cfg, tmp_path), "--out", str(out), "--runner", runner]) == exits.FAILED
     assert capsys.readouterr().err == f"ac2: {path}: row 7: column 'problem': missing problem (expected text, found null)\n"
     assert not out.exists()
 
@@ -123,6 +124,6 @@ def test_a_run_whose_data_file_is_missing_writes_nothing_in_an_existing_out(tmp_
     cfg = tiny_config(task__name="math", task__data=str(tmp_path / "gone.jsonl"), task__shape="final_answer")
     (out := tmp_path / "out").mkdir()
     (out / "notes.txt").write_text("mine")
-    assert main(["run", "--config", config_yaml(cfg, tmp_path), "--out", str(out)]) == EXIT_FAILED
+    assert main(["run", "--config", config_yaml(cfg, tmp_path), "--out", str(out)]) == exits.FAILED
     assert "gone.jsonl: no such file or directory" in capsys.readouterr().err
     assert sorted(p.name for p in Path(out).iterdir()) == ["notes.txt"]

@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 from ac2_core import storage
 from ac2_core.models.store import ModelStore
 from ac2_core.storage import ArtifactError
-from pipelines.cli import EXIT_FAILED, main
+from pipelines import exits
+from pipelines.cli import main
 from tests.faults.conftest import config_yaml
 from tests.storage.test_local_artifacts import resealed
 
@@ -70,7 +71,7 @@ def test_a_malformed_manifest_stops_ac2_stage_with_one_line_naming_the_artifact(
     cfg, run = finished_run
     pairs = _copy(run / "iter-0001" / "score_chunks" / "critic_pairs", tmp_path / "critic_pairs")
     (pairs / storage.MANIFEST).write_text(json.dumps(damage(_manifest(pairs))))
-    assert main(_check_readiness(cfg, run, tmp_path, pairs)) == EXIT_FAILED
+    assert main(_check_readiness(cfg, run, tmp_path, pairs)) == exits.FAILED
     err = capsys.readouterr().err
     assert err.startswith(f"ac2: {pairs}: ") and err.count("\n") == 1, err
     assert re.search(expected, err), err
@@ -104,7 +105,7 @@ def test_a_damaged_model_directory_with_a_matching_manifest_is_refused(finished_
         "--in", f"prefixes={run / 'iter-0001' / 'sample_prefixes' / 'prefixes'}",
         "--in", f"actor={actor}", "--out", f"chunks={tmp_path / 'out' / 'chunks'}",
     ]  # fmt: skip
-    assert main(argv) == EXIT_FAILED
+    assert main(argv) == exits.FAILED
     err = capsys.readouterr().err
     assert err.startswith(f"ac2: {actor}: cannot load this actor model directory (") and expected in err, err
     assert err.count("\n") == 1
@@ -300,6 +301,6 @@ def test_a_stage_given_a_damaged_table_writes_nothing(finished_run, tmp_path, da
     if damage[0] != "replace":  # a replaced file keeps the old manifest: the hash check refuses it
         (pairs / storage.MANIFEST).write_text(resealed(_manifest(pairs), storage.DATA, data))
     code = main(_check_readiness(cfg, run, tmp_path, pairs))
-    assert code in (0, EXIT_FAILED)
-    if code == EXIT_FAILED:
+    assert code in (0, exits.FAILED)
+    if code == exits.FAILED:
         assert not (tmp_path / "out").exists()

@@ -10,7 +10,8 @@ import pytest
 
 import pipelines.cli as cli
 from ac2_core.launch import LaunchError
-from pipelines.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, main
+from pipelines import exits
+from pipelines.cli import main
 from tests.conftest import ROOT
 
 AC2 = str(Path(sys.executable).parent / "ac2")
@@ -29,7 +30,7 @@ def test_the_ac2_executable_exits_1_with_one_line_every_time(tmp_path):
     argv = [AC2, *_missing_input_argv(str(ROOT / "pipelines" / "configs" / "toy.yaml"), tmp_path)]
     for _ in range(3):
         done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-        assert (done.returncode, done.stderr) == (EXIT_FAILED, f"ac2: {tmp_path}/gone/s: no artifact at this URI\n")
+        assert (done.returncode, done.stderr) == (exits.FAILED, f"ac2: {tmp_path}/gone/c: no artifact at this URI\n")
     assert not (tmp_path / "o1").exists()
 
 
@@ -51,30 +52,32 @@ runpy.run_module("pipelines.cli", run_name="__main__")
 def test_an_error_exit_keeps_its_code_whatever_the_teardown_would_do(tmp_path):
     argv = _missing_input_argv(str(ROOT / "pipelines" / "configs" / "toy.yaml"), tmp_path)
     done = subprocess.run([sys.executable, "-c", TEARDOWN_HAZARDS, *argv], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert (done.returncode, done.stderr) == (EXIT_FAILED, f"ac2: {tmp_path}/gone/s: no artifact at this URI\n")
+    assert (done.returncode, done.stderr) == (exits.FAILED, f"ac2: {tmp_path}/gone/c: no artifact at this URI\n")
 
 
 def test_usage_and_config_errors_exit_2(tmp_path, capsys):
-    assert main(["run"]) == EXIT_USAGE  # --config is required
+    assert main(["run"]) == exits.USAGE  # --config is required
     assert "the following arguments are required: --config" in capsys.readouterr().err
     (bad := tmp_path / "bad.yaml").write_text("rollout: {group_size: -1}\n")
-    assert main(["validate", "--config", str(bad)]) == EXIT_USAGE
+    assert main(["validate", "--config", str(bad)]) == exits.USAGE
     assert capsys.readouterr().err.startswith("ac2: ")
 
 
-def test_an_interrupt_exits_130_and_a_bug_exits_1_with_its_traceback(monkeypatch, capsys):
+def test_an_interrupt_exits_130_and_a_bug_exits_1_with_one_line_or_its_traceback_under_debug(monkeypatch, capsys):
     def interrupted(*_, **__):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli, "load_config", interrupted)
-    assert main(["validate", "--config", "x.yaml"]) == EXIT_INTERRUPTED
+    assert main(["validate", "--config", "x.yaml"]) == exits.INTERRUPTED
     assert capsys.readouterr().err == "ac2: interrupted\n"
 
     def bug(*_, **__):
         raise ZeroDivisionError("a bug")
 
     monkeypatch.setattr(cli, "load_config", bug)
-    assert main(["validate", "--config", "x.yaml"]) == EXIT_FAILED
+    assert main(["validate", "--config", "x.yaml"]) == exits.FAILED
+    assert capsys.readouterr().err == "ac2: unexpected ZeroDivisionError: a bug (ac2 --debug ... shows the traceback)\n"
+    assert main(["--debug", "validate", "--config", "x.yaml"]) == exits.FAILED
     err = capsys.readouterr().err
     assert err.startswith("Traceback") and err.endswith("ZeroDivisionError: a bug\n")
 
@@ -84,11 +87,11 @@ def test_a_launched_process_that_failed_exits_1_with_one_line(monkeypatch, capsy
         raise LaunchError("update_actor over 2 processes, rank 1: out of memory (RuntimeError)")
 
     monkeypatch.setattr(cli, "load_config", failed)
-    assert main(["validate", "--config", "x.yaml"]) == EXIT_FAILED
+    assert main(["validate", "--config", "x.yaml"]) == exits.FAILED
     assert capsys.readouterr().err == "ac2: update_actor over 2 processes, rank 1: out of memory (RuntimeError)\n"
 
 
-@pytest.mark.parametrize("code", sorted(cli.EXIT_CODES))
+@pytest.mark.parametrize("code", sorted(exits.MEANING))
 def test_every_exit_code_is_documented_in_the_readme(code):
     readme = (ROOT / "README.md").read_text()
     assert f"| {code} |" in readme

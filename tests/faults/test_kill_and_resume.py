@@ -21,10 +21,10 @@ from ac2_core import storage
 from ac2_core.runner.layout import RunLayout
 from ac2_core.stages import recipe
 from tests.conftest import tiny_config
-from tests.faults.conftest import Killed, artifacts_of, config_yaml, local_files, stray_files
+from tests.faults.conftest import RUN_FILES, Killed, artifacts_of, config_yaml, local_files, stray_files
 from tests.storage.conftest import s3_for
 
-ALLOWED = ("summary.md",)  # the run folder's own file besides its artifacts
+ALLOWED = RUN_FILES
 
 
 def publish_schedule(cfg) -> list[int]:
@@ -54,9 +54,10 @@ def kill_chain(zygote, argv: list[str], schedule: list[int], point: str, check, 
 
 @pytest.fixture(scope="module")
 def local_reference(zygote, tmp_path_factory):
-    """An uninterrupted 2-iteration run (the checkpoint of iteration 1 pruned: keep_models 1)."""
+    """An uninterrupted 2-iteration run (the checkpoint of iteration 1 pruned: keep_models 1, and
+    keep_best off, as the tiny run's equal validation scores would keep iteration 1 as the best)."""
     folder = tmp_path_factory.mktemp("reference")
-    cfg = tiny_config(run__keep_models=1)
+    cfg = tiny_config(run__keep_models=1, run__keep_best=False)
     out = str(folder / "run")
     assert zygote.ac2(run_argv(config_yaml(cfg, folder), out)) == 0
     return cfg, artifacts_of(out)
@@ -86,7 +87,7 @@ def test_a_local_run_killed_at_each_of_its_publishes_resumes_to_identical_artifa
     cfg, expected = local_reference
     out = str(tmp_path / "run")
     schedule = publish_schedule(cfg)
-    assert len(schedule) == 7 + 10 + 10  # every table and checkpoint of the bootstrap and both iterations
+    assert len(schedule) == 7 + 11 + 11  # every table and checkpoint of the bootstrap and both iterations
     left: list[str] = []
 
     def check(step: int) -> None:
@@ -138,18 +139,20 @@ def test_a_run_on_s3_killed_before_each_manifest_resumes_to_identical_artifacts(
         kwargs = {"tempdir": str(temp)}
         assert zygote.ac2(run_argv(config, reference), **kwargs) == 0
         schedule = publish_schedule(cfg)
-        assert len(schedule) == 7 + 10
+        assert len(schedule) == 7 + 11
 
         def check(step: int) -> None:
             artifacts_of(out)
-            orphans = stray_files(out, s3.objects, ("run.lock",))
+            orphans = stray_files(out, s3.objects, RUN_FILES + ("run.lock",))
             assert orphans and not any(f.endswith(storage.MANIFEST) for f in orphans), (step, orphans)
             # the dead process's staging folder in the temp folder, named after it
             assert any(p.name.startswith(".") and ".staging-" in p.name for p in temp.iterdir()), step
 
         kill_chain(zygote, run_argv(config, out), schedule, "manifest", check, **kwargs)
         assert artifacts_of(out) == artifacts_of(reference)
-        assert stray_files(out, s3.objects) == []
+        assert stray_files(out, s3.objects, RUN_FILES) == []
+        # the sweep of each start left the TensorBoard event files alone (objects with no manifest, not leftovers)
+        assert any(f.startswith("tensorboard/") for f in s3.objects(out))
         left_in_temp = [p for folder in (temp, temp / "ac2-models") if folder.exists() for p in folder.iterdir()]
         assert [p for p in left_in_temp if p.name.startswith(".")] == []
 
@@ -164,13 +167,13 @@ def test_a_kill_after_the_first_object_of_an_s3_publish_leaves_no_artifact_and_t
         argv = run_argv(config_yaml(cfg, tmp_path), s3.uri("run"))
         with pytest.raises(Killed):  # the bootstrap actor: the first objects of the second artifact
             zygote.ac2(argv, kill_at="uploaded", nth=2, tempdir=tempfile.mkdtemp(dir=tmp_path))
-        orphans = stray_files(s3.uri("run"), s3.objects, ("run.lock",))
+        orphans = stray_files(s3.uri("run"), s3.objects, RUN_FILES + ("run.lock",))
         assert orphans and all(f.startswith("bootstrap/actor/") for f in orphans)
         with storage.using(s3.section):
             assert not storage.exists(s3.uri("run", "bootstrap", "actor"))
             removed = storage.remove_leftovers(s3.uri("run"))
         assert s3.uri("run", "bootstrap", "actor") in removed
-        assert stray_files(s3.uri("run"), s3.objects, ("run.lock",)) == []
+        assert stray_files(s3.uri("run"), s3.objects, RUN_FILES + ("run.lock",)) == []
 
 
 @pytest.mark.slow

@@ -17,7 +17,8 @@ import pytest
 from ac2_core import storage
 from ac2_core.runner import lock
 from ac2_core.storage.leftovers import alive
-from pipelines.cli import EXIT_LOCKED, EXIT_OK, main
+from pipelines import exits
+from pipelines.cli import main
 from tests.conftest import tiny_config
 from tests.faults.conftest import Killed, config_yaml, local_files
 from tests.storage.conftest import s3_for
@@ -50,7 +51,7 @@ def test_a_second_run_on_a_locked_folder_stops_naming_the_first_and_a_killed_one
     pid = int(pause.read_text())
     try:
         capfd.readouterr()
-        assert main(argv) == EXIT_LOCKED
+        assert main(argv) == exits.RUN_FOLDER
         err = capfd.readouterr().err
         holder = f"pid {pid} on {socket.gethostname()}, started "
         assert err.startswith(f"ac2: {out}: another run is writing to this run folder: {holder}"), err
@@ -63,7 +64,7 @@ def test_a_second_run_on_a_locked_folder_stops_naming_the_first_and_a_killed_one
     _wait_for(lambda: not alive(pid), "the killed run to be reaped")
     assert Path(out, "run.lock").exists() and any(".staging-" in f for f in local_files(str(out)))
 
-    assert main(argv) == EXIT_OK
+    assert main(argv) == exits.OK
     said = capfd.readouterr().out
     assert f"warning: {out} was locked by pid {pid} on {socket.gethostname()}" in said
     assert "which is no longer running; taking its lock over" in said

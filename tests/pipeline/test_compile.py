@@ -100,6 +100,7 @@ def test_artifact_types_and_no_pip_installs(tmp_path):
     assert out_types("comp-update-actor") == {"out_actor": "system.Model"}
     assert out_types("comp-update-critic") == {"out_critic": "system.Model"}
     assert out_types("comp-evaluate") == {
+        "out_samples": "system.Dataset",
         "out_metrics": "system.Dataset",
         "figures": "system.Metrics",
         "report": "system.Markdown",

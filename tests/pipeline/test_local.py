@@ -17,8 +17,9 @@ from kfp.local.logging_utils import indented_print
 
 import ac2_core
 from ac2_core import storage
-from ac2_core.runner import inprocess, report
+from ac2_core.runner import inprocess, record, report
 from ac2_core.runner.layout import RunLayout
+from ac2_core.runner.timings import read_timings
 from pipelines import local
 from pipelines.cli import main
 from tests.conftest import tiny_config
@@ -32,7 +33,7 @@ ITERATION_OUTPUTS = {
     "check_readiness": ("readiness", "advantages"),
     "update_actor": ("actor",),
     "update_critic": ("critic",),
-    "evaluate": ("metrics",),
+    "evaluate": ("samples", "metrics"),
 }
 
 
@@ -52,6 +53,9 @@ def test_ac2_runs_two_chained_iterations(kfp_run, kfp_layout):
                 assert storage.read_manifest(str(out / f"iter-{it:04d}" / stage / name)).stage == stage
     assert storage.find_artifacts(str(out / "kfp")) == []
     assert rows == storage.read_rows(kfp_layout.output(2, "metrics"), kind="metrics")
+    # the run folder records the resolved config, and TensorBoard's events, as the inprocess runner's does
+    assert record.recorded_config(str(out)) == cfg
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
     # each iteration's progress line is the inprocess runner's row format
     assert lines.count(report.HEADER) == 1
     assert sum(line.startswith(report.format_row(r)) for line in lines for r in rows if r["iteration"] > 0) == 2
@@ -69,11 +73,21 @@ def test_ac2_runs_two_chained_iterations(kfp_run, kfp_layout):
     # iteration 2 imported what iteration 1 left in the run folder (lineage through dsl.importer)
     assert str(kfp_layout.output(1, "actor")) in (out / "kfp" / "logs" / "iter-0002.log").read_text()
     table = (run_dir / "evaluate" / "report").read_text()
-    assert table.splitlines()[-1].startswith("validation score:")
+    assert any(line.startswith("validation score:") for line in table.splitlines())
     figures = json.loads((run_dir / "evaluate" / "executor_output.json").read_text())["artifacts"]["figures"]["artifacts"][0][
         "metadata"
     ]
     assert figures["iteration"] == 2 and "cum_decode_flops" in figures
+    # the KFP UI's scalars include the training statistics (KFP Metrics, read back from the run)
+    assert figures["entropy"] == pytest.approx(rows[-1]["entropy"]) and figures["critic_loss"] > 0
+    assert "## Samples of this iteration" in table
+    # the logs hold no terminal escape codes; runs.json and the manifests name nothing outside the run folder
+    assert not any("\x1b" in f.read_text() for f in (out / "kfp" / "logs").glob("*.log"))
+    assert all("/" not in name for name in json.loads((out / "kfp" / "runs.json").read_text())["runs"].values())
+    inputs = storage.read_manifest(kfp_layout.output(2, "metrics")).lineage["inputs"]
+    assert inputs["actor"]["uri"] == "iter-0002/update_actor/actor" and inputs["metrics"]["uri"] == "iter-0001/evaluate/metrics"
+    # seconds per stage, from the tasks' KFP metadata, outside the artifacts
+    assert set(read_timings(str(out))[2]) == set(ITERATION_OUTPUTS)
     # every stage ran in a worker of the warm task host (the default); none fell back to a cold start
     assert "imports done" in (out / "kfp" / "logs" / "taskhost.log").read_text()
     assert not any("in the task's own process" in f.read_text() for f in (out / "kfp" / "logs").glob("iter-*.log"))
@@ -86,6 +100,12 @@ def test_finished_run_is_resumed_not_repeated(kfp_run):
     assert local.run(cfg, str(out), log=lines.append) == rows
     assert sorted(p.name for p in (out / "kfp").iterdir()) == before
     assert any(line.startswith(f"resuming {out} after iteration 2") for line in lines)
+    # another config stops before the task host or kfp.local writes anything, naming the field
+    host_log = (out / "kfp" / "logs" / "taskhost.log").read_text()
+    with pytest.raises(record.RunFolderError, match=r"differing: actor\.lr: recorded"):
+        local.run(tiny_config(actor__lr=cfg.actor.lr * 2), str(out), log=lines.append)
+    assert sorted(p.name for p in (out / "kfp").iterdir()) == before
+    assert (out / "kfp" / "logs" / "taskhost.log").read_text() == host_log
 
 
 def test_grpo_runs_without_the_critic_branch(kfp_run, kfp_layout, tmp_path):
@@ -163,6 +183,8 @@ def test_an_inprocess_run_adopts_a_kfp_run_folder_and_ac2_stage_reruns_its_stage
         for name in names:
             uri = f"{ip}/iter-0001/{stage}/{name}"
             assert storage.content_hash(uri) == storage.content_hash(kfp_layout.output(1, name)), uri
+            # and the same lineage: both runners name the inputs by their place in the run folder
+            assert storage.read_manifest(uri).lineage == storage.read_manifest(kfp_layout.output(1, name)).lineage, uri
     # the README's `ac2 stage` example, on the kfp run folder
     argv = ["stage", "check_readiness", "--config", config, "--iteration", "2"]
     argv += ["--in", f"readiness={out}/iter-0001/check_readiness/readiness"]
@@ -258,10 +280,14 @@ def test_the_warm_starts_progress_in_a_task_log_reaches_the_console(tmp_path):
                 sys.stdout.write(part)
             print('{"executor_input": "warm start step"}')
             print("    warm start (deeper: not a stage line)")
+            print("critic reading: 500 steps on 3968 pairs of demonstrations")  # the bootstrap's next phase
+            print("critic reading step 125/500 loss 1.204")
             seen = console.getvalue().splitlines()
     assert seen == [
         "progress: warm start: SFT on 3968 worked solutions, up to 1000 steps",
         "progress: warm start step 50/1000 loss 2.840",
+        "progress: critic reading: 500 steps on 3968 pairs of demonstrations",
+        "progress: critic reading step 125/500 loss 1.204",
     ]
     log = (tmp_path / "bootstrap.log").read_text()
     assert log.count("    warm start") == 3 and "progress:" not in log

@@ -18,7 +18,7 @@ from ac2_core.runner import inprocess
 from ac2_core.runner.layout import RunLayout
 from pipelines import local
 from tests.conftest import ROOT, tiny_config
-from tests.faults.conftest import artifacts_of, local_files, stray_files
+from tests.faults.conftest import RUN_FILES, artifacts_of, local_files, stray_files
 from tests.pipeline.conftest import config_file
 
 
@@ -57,8 +57,8 @@ def test_a_kfp_run_killed_while_it_moves_outputs_resumes_to_the_inprocess_runner
     assert runs["iter-0003"] != attempt and not (out / "kfp" / attempt).exists()  # the unfinished attempt is gone
     assert sorted(p.name for p in (out / "kfp").iterdir() if p.is_dir()) == sorted([*runs.values(), "logs"])
     assert storage.find_artifacts(str(out / "kfp")) == []
-    new_files = {f for f in stray_files(str(out), local_files) if not f.startswith("kfp/")} - own_files
-    assert new_files <= {"summary.md"}  # no staging, no renamed-aside copy, no lock
+    new_files = {f for f in stray_files(str(out), local_files, RUN_FILES) if not f.startswith("kfp/")} - own_files
+    assert new_files == set()  # no staging, no renamed-aside copy, no lock (new TensorBoard event files are the run's own)
 
 
 def test_pipeline_runs_that_runs_json_does_not_name_are_removed_when_a_run_starts(tmp_path):

@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 from ac2_core import storage
 from ac2_core.generation import generate, generate_for
 from ac2_core.generation.scoring import score_inputs
+from ac2_core.models.state import read_state
 from ac2_core.models.store import ModelStore
 from ac2_core.runner import inprocess
 from ac2_core.runner.layout import RunLayout
@@ -60,12 +61,13 @@ def _updates(cfg, layout: RunLayout, out: Path, *, only: str | None = None, crit
     """update_actor and update_critic (or ``only`` one) of iteration 2 into ``out``, as the recipe calls them;
     ``critic``: another input critic; ``store``: a runner's model store."""
     results = {}
+    named = inprocess.named_inputs(cfg, 2)  # the manifests name the inputs as the runners' do
     for call in inprocess.stage_calls(cfg, layout, 2):
         if call.stage.startswith("update_") and only in (None, call.stage):
             kwargs = {k: (str(out / k) if k.startswith("out_") else v) for k, v in call.kwargs.items()}
             if critic is not None and "critic" in kwargs:
                 kwargs["critic"] = critic
-            results[call.stage] = dataclasses.replace(call, kwargs=kwargs).run(cfg, store=store)
+            results[call.stage] = dataclasses.replace(call, kwargs=kwargs).run(cfg, store=store, named=named[call.stage])
     return results
 
 
@@ -126,6 +128,13 @@ def test_two_processes_train_to_the_weights_of_one(iteration_2, one_process, two
         assert a.keys() == b.keys() and all(a[k].shape == b[k].shape for k in a)
         assert _steps(out / f"out_{kind}") == _steps(ref_out / f"out_{kind}")
         assert storage.read_manifest(str(out / f"out_{kind}")).stage == f"update_{kind}"
+        # the launched processes' manifest names the inputs as one process's does: relative to the run folder
+        lineage = storage.read_manifest(str(out / f"out_{kind}")).lineage
+        assert lineage == storage.read_manifest(str(ref_out / f"out_{kind}")).lineage
+        assert lineage["inputs"][kind]["uri"] == f"iter-0001/update_{kind}/{kind}"
+        # and rank 0's checkpoint records the update's statistics (the metrics table's columns)
+        mine, theirs = (read_state(str(o / f"out_{kind}"), kind=kind)["stats"] for o in (out, ref_out))
+        assert mine.keys() == theirs.keys() and all(mine[k] == pytest.approx(theirs[k], rel=1e-4) for k in mine)
 
 
 def _dense_examples(cfg, layout: RunLayout) -> list:
@@ -199,10 +208,16 @@ def test_a_resume_across_process_counts_continues_the_run(iteration_2, tmp_path)
 
 def test_a_failing_process_fails_the_stage_with_its_message(iteration_2, tmp_path):
     cfg = tiny_config(training__num_processes=2)
-    missing = str(tmp_path / "no-critic")
-    with pytest.raises(ArtifactError, match=r"update_critic over 2 processes, rank \d: .*no-critic"):
-        _updates(cfg, iteration_2, tmp_path / "out", only="update_critic", critic=missing)
+    # a critic whose manifest reads but whose weights changed: the processes fail loading it
+    damaged = tmp_path / "damaged-critic"
+    shutil.copytree(iteration_2.output(1, "critic"), damaged)
+    (damaged / "value_head.safetensors").write_bytes(b"not the weights")
+    with pytest.raises(ArtifactError, match=r"update_critic over 2 processes, rank \d: .*damaged-critic"):
+        _updates(cfg, iteration_2, tmp_path / "out", only="update_critic", critic=str(damaged))
     assert not (tmp_path / "out" / "out_critic").exists()  # nothing was published
+    # a missing input fails before any process starts: the manifests' lineage reads every input first
+    with pytest.raises(ArtifactError, match=r"no-critic: no artifact at this URI"):
+        _updates(cfg, iteration_2, tmp_path / "out", only="update_critic", critic=str(tmp_path / "no-critic"))
 
 
 def _generation_inputs(layout: RunLayout):

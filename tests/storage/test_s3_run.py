@@ -16,6 +16,7 @@ import yaml
 from ac2_core import storage
 from ac2_core.runner import inprocess, loop
 from ac2_core.runner.layout import RunLayout
+from ac2_core.runner.lineage import chain
 from ac2_core.stages.recipe import ITERATION
 from pipelines.cli import main
 from tests.conftest import tiny_config
@@ -48,13 +49,17 @@ def test_two_iterations_with_every_artifact_on_s3_and_a_stage_rerun_gives_the_sa
     expected += [layout.output(it, name) for it in (1, 2) for stage in ITERATION for name in stage.outputs]
     for uri in expected:
         assert uri.startswith("s3://") and storage.exists(uri), uri
-    # every object of the run belongs to a published artifact, and is listed in its manifest
+    # every object of the run belongs to a published artifact, and is listed in its manifest, but for
+    # the run folder's plain files: the recorded config, the summary, timings and TensorBoard's events
     objects = set(s3.objects(out))
     listed = set()
     for uri in expected:
         prefix = uri.removeprefix(out + "/")
         listed |= {f"{prefix}/{name}" for name in [*storage.read_manifest(uri).files, storage.MANIFEST]}
-    assert objects == listed
+    plain = objects - listed
+    assert listed <= objects
+    events = {p for p in plain if p.startswith("tensorboard/events.out.tfevents.")}
+    assert events and plain - events == {"config.yaml", "summary.md", "timings.json"}
 
     # Stages rerun on their own, as a KFP component would run them: the runner's part is to
     # make cfg.storage active. score_chunks gets a fresh ModelStore and downloads its models.
@@ -74,9 +79,17 @@ def test_two_iterations_with_every_artifact_on_s3_and_a_stage_rerun_gives_the_sa
     assert main(args) == 0
     assert storage.content_hash(cli_out) == storage.content_hash(layout.output(2, "chunks"))
 
+    # ac2 report and ac2 lineage on the s3:// run folder
+    assert main(["report", out, "--config", str(config)]) == 0
+    with storage.using(cfg.storage):
+        assert storage.read_text(storage.join(out, "report.md")).startswith("# run (ac2)")
+        lines = chain(layout.output(2, "metrics"))
+    assert any(line.startswith("bootstrap/problems  [problems by bootstrap") for line in lines)
+    assert "learning_curve.png" in s3.objects(out)
+
     with storage.using(cfg.storage):
         # The runner's pruning removes a checkpoint from S3 entirely.
-        loop.prune(tiny_config(run__keep_models=1), layout, 2)
+        loop.prune(tiny_config(run__keep_models=1, run__keep_best=False), layout, 2, rows)
     for name in ("actor", "critic"):
         assert not storage.exists(layout.output(1, name))
         assert s3.objects(layout.output(1, name)) == []

@@ -80,16 +80,20 @@ def test_stops_at_first_evaluation_reaching_target(data):
     assert "warm start step 6/100 loss" in lines[2] and lines[2].endswith("score 0.25")
 
 
-def test_evaluates_after_the_last_step_too(data):
+def test_evaluates_after_the_last_step_too_and_progress_lines_leave_the_history_alone(data):
     tokenizer, prompts, solutions = data
     model = build_tiny_model(tokenizer, SMALL, seed=0)
-    steps_seen = []
+    steps_seen, lines = [], []
     result = sft_warm_start(
         model, tokenizer, prompts, solutions, steps=5, batch_size=4, lr=1e-3, seed=0,
-        eval_fn=lambda m: steps_seen.append(1) or 0.0, eval_every=3, target_score=1.0, log=lambda _: None,
+        eval_fn=lambda m: steps_seen.append(1) or 0.0, eval_every=3, target_score=1.0, log=lines.append,
+        progress_every=1,
     )  # fmt: skip
     assert [h["step"] for h in result["history"]] == [3, 5] and len(steps_seen) == 2
     assert result["steps"] == 5 and result["score"] == 0.0
+    # a progress line at every step between the evaluations; at 3 and 5 the evaluation's report stands in for it
+    assert [line.split(" loss ")[0] for line in lines] == [f"warm start step {k}/5" for k in range(1, 6)]
+    assert [line.endswith("score 0.00") for line in lines] == [False, False, True, False, True]
 
 
 def test_rejects_mismatched_inputs(data):
