@@ -10,7 +10,7 @@ OUT    ?= runs/toy
 # kfp: the pipeline itself through kfp.local (each task hands its stage to a warm task host),
 # the default of `ac2 run`; inprocess: the same stages in one process.
 RUNNER ?= kfp
-# a run length, not an algorithm setting: 40 kfp.local iterations take about 10 minutes on 2 cores (README)
+# a run length, not an algorithm setting (README: how long it takes)
 ITERATIONS ?= 40
 
 .PHONY: setup train test clean
