@@ -71,7 +71,17 @@ def test_ctrl_c_prints_one_line_saying_how_to_resume(tmp_path):
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "pipelines.cli", "run", "--config", str(config), "--out", str(out), "--runner", "inprocess"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT at its default in the child: a suite started in the background (``make test &``)
+    # ignores SIGINT, children inherit that, and Python then installs no KeyboardInterrupt
+    proc = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 300
     for line in proc.stdout:  # interrupt once the first iteration is done
         if "[1/200" in line or time.monotonic() > deadline:
