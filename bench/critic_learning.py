@@ -121,6 +121,8 @@ def sample_answers(args, cfg, layout) -> dict:
     path = Path(args.out) / f"answers-{args.train_problems}-{args.heldout_problems}-{args.samples}.json"
     if path.exists():
         return json.loads(path.read_text())
+    if args.report_only:  # a report is rebuilt from records, never from freshly decoded answers
+        raise SystemExit(f"--report-only: no answers at {path}; pass the --train-problems/--heldout-problems/--samples of the run")
     from ac2_core.generation import generate
     from ac2_core.models.store import ModelStore
     from ac2_core.stages.common import Problems, prompt_ids
