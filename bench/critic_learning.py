@@ -122,7 +122,7 @@ def sample_answers(args, cfg, layout) -> dict:
     if path.exists():
         return json.loads(path.read_text())
     if args.report_only:  # a report is rebuilt from records, never from freshly decoded answers
-        raise SystemExit(f"--report-only: no answers at {path}; pass the --train-problems/--heldout-problems/--samples of the run")
+        raise SystemExit(f"--report-only: no answers at {path}; give the run's --train-problems, --heldout-problems, --samples")
     from ac2_core.generation import generate
     from ac2_core.models.store import ModelStore
     from ac2_core.stages.common import Problems, prompt_ids
