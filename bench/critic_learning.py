@@ -279,7 +279,8 @@ def make_critic(cfg, actor, tok, answers: list[Answer], cond: Condition, seed: i
 
 def read_pretrain(cfg, model, tok, answers: list[Answer], cond: Condition, seed: int) -> None:
     """Next-token LM on critic-layout inputs (problem, reference, answer): the answer's tokens
-    are predicted with the reference in view, so the backbone learns to read it."""
+    are predicted with the reference in view, so the backbone learns to read it. A condition
+    without the reference reads in its own layout (problem, answer)."""
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -300,10 +301,10 @@ def read_pretrain(cfg, model, tok, answers: list[Answer], cond: Condition, seed:
             # independently slipped ones, so the answer sometimes leaves the reference and must be computed on
             slip = 0.0 if cond.read_on == "demos" else 0.1
             ref, state = demo(slip), demo(slip)
-            x = critic_input(cfg, tok, Answer(a.problem_id, a.prompt, ref, [], 0.0, [], "", None), state, True)
+            x = critic_input(cfg, tok, Answer(a.problem_id, a.prompt, ref, [], 0.0, [], "", None), state, cond.use_reference)
             seqs.append((x, len(x) - len(state)))
         elif a.ref is not None:
-            x = critic_input(cfg, tok, a, a.response, True)
+            x = critic_input(cfg, tok, a, a.response, cond.use_reference)
             seqs.append((x, len(x) - len(a.response)))
     rng = np.random.default_rng(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cond.read_lr)

@@ -251,6 +251,12 @@ class AdvantageConfig(Section):
     baseline: Literal["loo", "mean", "critic"] = Field("loo", description="baseline of chunk advantages within a group")
     scale_std: bool = Field(False, description="divide chunk advantages by the group's std")
     grpo_scale_std: bool = Field(True, description="GRPO: divide by the group's reward std")
+    full_groups: Literal["grpo", "chunk"] = Field(
+        "grpo",
+        description="AC2's full-mode groups: grpo gives them GRPO's advantage (group-mean baseline, std-scaled when "
+        "grpo_scale_std), so a problem outside chunk mode trains exactly as under GRPO; chunk gives them the chunk "
+        "advantage (baseline, scale_std)",
+    )
 
 
 class ActorConfig(Section):

@@ -71,7 +71,8 @@ def reading_examples(cfg: AC2Config, tok, rows: list[dict]) -> list[tuple[list[i
 
     Where the two agree the answer can be copied from the reference; where the second has left
     the first (a slip), it must be worked out: so the backbone learns to line an answer up with
-    a reference and to notice when the two part.
+    a reference and to notice when the two part. A critic without the reference
+    (``critic.use_reference: false``) reads in its own layout, the answer under the prompt alone.
     """
     from ac2_core.models.critic import build_critic_input
     from ac2_core.models.tokenizer import special_ids
@@ -83,7 +84,7 @@ def reading_examples(cfg: AC2Config, tok, rows: list[dict]) -> list[tuple[list[i
         state = tok.encode(answer, add_special_tokens=False) + [tok.eos_token_id]
         x = build_critic_input(
             prompt_ids(tok, r["prompt"]),
-            tok.encode(ref, add_special_tokens=False),
+            tok.encode(ref, add_special_tokens=False) if cfg.critic.use_reference else None,
             state,
             ref_id=ids["ref"],
             state_id=ids["state"],

@@ -4,7 +4,9 @@
 AC2: each problem keeps a sliding window of out-of-sample (prediction, outcome) pairs;
 it is ready when the window is large and calibrated enough. Advantages are
 ``A(c) = y(c) - b`` per group (one prefix, G chunks), and on a problem that is not ready
-now, chunks whose target came from the critic get weight 0.
+now, chunks whose target came from the critic get weight 0. A full-mode group (G whole
+answers) gets GRPO's advantage by default (``advantage.full_groups``): the same answers
+must teach the same thing under either algorithm.
 
 GRPO: group-normalized terminal rewards (``math.grpo_advantages``), weight 1, and an
 empty readiness table.
@@ -87,6 +89,10 @@ def _graded_advantages(cfg: AC2Config, scored: list[dict], ready: set[str]) -> l
             values_start=torch.tensor(starts, dtype=torch.float32) if None not in starts else None,
             scale_std=cfg.advantage.scale_std,
         )
+        if cfg.advantage.full_groups == "grpo":
+            full = torch.tensor([s["mode"] == "full" for s in scored])
+            grpo_adv, grpo_base = grpo_advantages(targets, groups, scale_std=cfg.advantage.grpo_scale_std)
+            adv, base = torch.where(full, grpo_adv, adv), torch.where(full, grpo_base, base)
     else:
         weights = torch.ones_like(targets)
         adv, base = grpo_advantages(targets, groups, scale_std=cfg.advantage.grpo_scale_std)

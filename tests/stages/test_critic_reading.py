@@ -30,6 +30,11 @@ def test_reading_examples_put_one_demonstration_under_another():
     assert parted > 40
     exact = tiny_config(task__n_terms=6, critic__max_input_tokens=256)
     assert demonstrations(exact, rows, stream=1) == [r["solution"] for r in rows]
+    # a critic without the reference reads in its own layout: the answer under the prompt alone
+    blind = tiny_config(warm_start__slip_rate=0.5, task__n_terms=6, critic__max_input_tokens=256, critic__use_reference=False)
+    for r, answer, (x, n) in zip(rows, answers, reading_examples(blind, tok, rows)):
+        assert ids["ref"] not in x and tok.decode(x[:n], skip_special_tokens=False) == f"{r['prompt']}<|state|>"
+        assert x[n:] == tok.encode(answer, add_special_tokens=False) + [tok.eos_token_id]
     # an input too long keeps the newest tokens of the answer, and the loss falls on those alone
     short = tiny_config(warm_start__slip_rate=0.5, task__n_terms=6, critic__max_input_tokens=90)
     for x, n in reading_examples(short, tok, rows):

@@ -255,3 +255,45 @@ def test_readiness_gate_off_trusts_the_critic_on_every_problem_with_a_window(run
     assert all(r["ready"] for r in open_)
     # the error is still measured, so the figures report how wrong the trusted critic is
     assert [r["error"] for r in open_] == [r["error"] for r in gated]
+
+
+def _scored(prefix: str, mode: str, targets: list[float], source: str) -> list[dict]:
+    return [
+        {
+            "run_id": "r",
+            "iteration": 1,
+            "policy_version": 0,
+            "chunk_id": f"{prefix}-{i}",
+            "prefix_id": prefix,
+            "problem_id": prefix,
+            "mode": mode,
+            "target": y,
+            "target_source": source,
+            "value_start": 0.4,
+        }
+        for i, y in enumerate(targets)
+    ]
+
+
+@pytest.mark.parametrize("full_groups", ["grpo", "chunk"])
+def test_full_groups_of_ac2_train_as_under_grpo_by_default(full_groups):
+    from ac2_core.math import group_advantages, grpo_advantages
+    from ac2_core.stages.check_readiness import advantages
+
+    full, chunk = [1.0, 0.0, 0.0, 0.0], [0.6, 0.0, 0.6, 0.6]
+    scored = _scored("full", "full", full, "reward") + _scored("chunk", "chunk", chunk, "critic")
+    ac2 = tiny_config(algorithm="ac2", advantage__full_groups=full_groups)
+    rows = {r["chunk_id"]: r for r in advantages(ac2, scored, ready={"chunk"})}
+    grpo_cfg, full_only = tiny_config(algorithm="grpo"), _scored("full", "full", full, "reward")
+    grpo_rows = {r["chunk_id"]: r for r in advantages(grpo_cfg, full_only, set())}
+    got_full = [rows[f"full-{i}"]["advantage"] for i in range(4)]
+    as_grpo = [grpo_rows[f"full-{i}"]["advantage"] for i in range(4)]
+    loo = lambda ys: group_advantages(torch.tensor(ys), torch.zeros(4, dtype=torch.long), baseline="loo")[0].tolist()  # noqa: E731
+    if full_groups == "grpo":  # the same four answers teach the same thing under either algorithm
+        assert got_full == pytest.approx(as_grpo) and got_full[0] == pytest.approx(math.sqrt(3), rel=1e-5)
+        assert got_full == pytest.approx(grpo_advantages(torch.tensor(full), torch.zeros(4, dtype=torch.long))[0].tolist())
+    else:
+        assert got_full == pytest.approx(loo(full)) and got_full != pytest.approx(as_grpo)
+    # chunk groups keep the chunk advantage (leave-one-out, unscaled) either way
+    assert [rows[f"chunk-{i}"]["advantage"] for i in range(4)] == pytest.approx(loo(chunk))
+    assert [rows[f"chunk-{i}"]["weight"] for i in range(4)] == [1.0] * 4
