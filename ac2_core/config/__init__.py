@@ -269,6 +269,11 @@ class ActorConfig(Section):
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
     micro_batch_size: int = Field(64, ge=1, description="sequences per forward/backward")
     steps_per_iteration: int = Field(1, ge=1, description="optimizer steps per iteration (each over the whole batch)")
+    loss_aggregation: Literal["token", "row"] = Field(
+        "token",
+        description="token: every trained token weighs alike (a 16-token chunk weighs 16/100 of a 100-token answer); "
+        "row: every trained row weighs alike, its tokens averaged within it",
+    )
 
 
 class CriticConfig(Section):

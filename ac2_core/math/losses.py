@@ -4,8 +4,9 @@ The actor loss is PPO-clip over chunk tokens. Where it departs from plain PPO/GR
 
 - Clip low and clip high are set separately (DAPO's "clip-higher"), so low-probability
   tokens with positive advantage can grow more than they can shrink.
-- The loss is aggregated per token over the whole batch, not per sequence, and the
-  normalizer can be the global token count so micro-batches sum to the batch loss.
+- The loss is aggregated per token over the whole batch by default, not per sequence, and
+  the normalizer can be the global token count so micro-batches sum to the batch loss.
+  ``row_weights`` gives each row its own weight instead (per-row aggregation).
 - The KL to a reference model is optional and off by default (`kl_beta=0`).
 
 The critic loss is a BCE on the value head's logits, since `V` predicts the expected
@@ -29,6 +30,7 @@ def ppo_clip_loss(
     ref_logprobs: torch.Tensor | None = None,
     kl_beta: float = 0.0,
     normalizer: float | torch.Tensor | None = None,
+    row_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clip policy loss, aggregated per token.
 
@@ -50,6 +52,9 @@ def ppo_clip_loss(
         normalizer: divide the masked sum by this. Defaults to `mask.sum()` (at least 1).
             Micro-batches pass the token count of the whole batch, so that their losses
             sum to the full-batch loss.
+        row_weights: (B,) float, non-negative, or None. Multiplies every token term of a
+            row (policy and KL). Per-row aggregation passes `mean length / row length`, so
+            each row weighs the same whatever its length; None weighs every token alike.
 
     Returns:
         loss: scalar tensor.
@@ -71,6 +76,8 @@ def ppo_clip_loss(
         raise ValueError(f"kl_beta must be >= 0; got {kl_beta}")
     if kl_beta > 0.0 and ref_logprobs is None:
         raise ValueError(f"kl_beta={kl_beta} > 0 needs ref_logprobs (B, T); got None")
+    if row_weights is not None and (row_weights.shape != logprobs.shape[:1] or bool((row_weights < 0).any())):
+        raise ValueError(f"row_weights must be (B,) = ({logprobs.shape[0]},) and non-negative; got {row_weights.tolist()}")
 
     mask = mask.to(logprobs.dtype)
     adv = advantages.to(logprobs.dtype).detach()[:, None]
@@ -83,6 +90,8 @@ def ppo_clip_loss(
         # k3 is non-negative and unbiased for KL(pi || ref) on samples from pi.
         ref_diff = ref_logprobs.detach() - logprobs
         per_token = per_token + kl_beta * (torch.exp(ref_diff) - ref_diff - 1.0)
+    if row_weights is not None:
+        per_token = per_token * row_weights.to(per_token.dtype).detach()[:, None]
 
     if normalizer is None:
         # At least 1, so an all-padding micro-batch gives 0 rather than nan.

@@ -104,9 +104,13 @@ def run(
 
     # Every token of a row the gate lets through counts in the mean; rows with A = 0
     # add nothing to the gradient, so only rows with A != 0 are computed.
-    normalizer = sum(len(chunk_by_id[a["chunk_id"]]["token_ids"]) for a in adv_rows if a["weight"] > 0)
+    counted = [len(chunk_by_id[a["chunk_id"]]["token_ids"]) for a in adv_rows if a["weight"] > 0]
+    normalizer = sum(counted)
     rows = trained_rows(adv_rows)
     batch = ppo_batch(tok, probs, prefix_by_id, chunk_by_id, rows)
+    # per-row aggregation: a row of n tokens weighs (mean length / n) a token, so each counted row adds the same
+    mean_len = normalizer / len(counted) if counted else 1.0
+    row_weight = (lambda n: mean_len / max(n, 1)) if cfg.actor.loss_aggregation == "row" else (lambda n: 1.0)
     mbs = [batch[i : i + cfg.actor.micro_batch_size] for i in range(0, len(batch), cfg.actor.micro_batch_size)]
 
     def loss_fn(model, mb):
@@ -131,6 +135,7 @@ def run(
             ref_logprobs=ref_lp,
             kl_beta=cfg.actor.kl_beta,
             normalizer=float(normalizer),
+            row_weights=torch.tensor([row_weight(len(r)) for r in responses], device=lp.device),
         )
         share = float(mask.sum()) / normalizer  # stats are per-token means: weight by this batch's tokens
         return loss, {k: v * share for k, v in stats.items()}

@@ -297,3 +297,24 @@ def test_full_groups_of_ac2_train_as_under_grpo_by_default(full_groups):
     # chunk groups keep the chunk advantage (leave-one-out, unscaled) either way
     assert [rows[f"chunk-{i}"]["advantage"] for i in range(4)] == pytest.approx(loo(chunk))
     assert [rows[f"chunk-{i}"]["weight"] for i in range(4)] == [1.0] * 4
+
+
+def test_row_aggregation_changes_the_actor_update(run_dir, tiny_cfg, tmp_path):
+    layout = RunLayout(str(run_dir))
+    run_stages(tiny_cfg, layout, 1)
+    # the tiny model earns no reward: give the rows advantages of both signs to train on
+    adv = [{**a, "advantage": (-1.0) ** i, "weight": 1.0} for i, a in enumerate(rows(layout, 1, "advantages"))]
+    signed = str(tmp_path / "advantages")
+    table = storage.table_from_rows(adv, "advantages")
+    storage.write_table(signed, table, kind="advantages", stage="check_readiness", config_hash="test")
+    (call,) = [c for c in inprocess.stage_calls(tiny_cfg, layout, 1) if c.stage == "update_actor"]
+    weights = {}
+    for how in ("token", "row"):
+        cfg = tiny_cfg.model_copy(update={"actor": tiny_cfg.actor.model_copy(update={"loss_aggregation": how})})
+        out = str(tmp_path / how)
+        stats = dataclasses.replace(call, kwargs={**call.kwargs, "advantages": signed, "out_actor": out}).run(cfg)
+        assert stats.trained_chunks == len(adv) > 0
+        weights[how] = ModelStore(cfg).load(out, kind="actor").model.state_dict()
+    lengths = {len(c["token_ids"]) for c in rows(layout, 1, "chunks")}
+    assert len(lengths) > 1  # rows of different lengths, so the two weighings differ
+    assert any(not torch.equal(weights["token"][k], weights["row"][k]) for k in weights["token"])

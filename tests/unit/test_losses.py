@@ -147,3 +147,24 @@ def test_bce_zero_weights_is_zero_with_grad():
     assert loss.requires_grad
     loss.backward()
     assert_close(logits.grad, torch.zeros(2))
+
+
+def test_ppo_row_weights_make_each_row_weigh_alike_whatever_its_length():
+    # a 1-token row with A = 1 and a 3-token row with A = -1, at ratio 1 (per token: -A)
+    lp = torch.zeros(2, 3)
+    mask = torch.tensor([[1, 0, 0], [1, 1, 1]], dtype=torch.bool)
+    adv = torch.tensor([1.0, -1.0])
+    by_token, _ = ppo_clip_loss(lp, lp, adv, mask)
+    assert by_token.item() == pytest.approx((-1 + 3) / 4)  # the long row outweighs the short one
+    mean_len = 4 / 2
+    by_row, _ = ppo_clip_loss(lp, lp, adv, mask, row_weights=torch.tensor([mean_len / 1, mean_len / 3]))
+    assert by_row.item() == pytest.approx(0.0, abs=1e-7)  # one row up, one row down: they cancel
+    ones, _ = ppo_clip_loss(lp, lp, adv, mask, row_weights=torch.ones(2))
+    assert ones.item() == by_token.item()
+
+
+@pytest.mark.parametrize("weights", [torch.tensor([1.0, -0.5]), torch.ones(3)])
+def test_ppo_row_weights_must_be_one_non_negative_weight_a_row(weights):
+    lp = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="row_weights"):
+        ppo_clip_loss(lp, lp, torch.ones(2), torch.ones(2, 3), row_weights=weights)
