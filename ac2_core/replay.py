@@ -112,12 +112,22 @@ def plan_prefixes(
     chunk_tokens: int,
     max_response_tokens: int,
     rng: np.random.Generator,
+    success_threshold: float | None = None,
 ) -> list[PlannedPrefix]:
     """Full mode: one empty prefix with the whole budget. Chunk mode: up to ``k`` prefixes
-    cut at chunk boundaries of replayed trajectories, each with budget ``chunk_tokens``."""
+    cut at chunk boundaries of replayed trajectories, each with budget ``chunk_tokens``.
+
+    With ``success_threshold``, prefixes are cut only from the trajectories that finished
+    with at least that reward, when the problem has any: a state on a path that succeeded
+    can still succeed, so its continuations can differ in outcome, where a state past an
+    answer's fatal error teaches nothing (every continuation fails alike).
+    """
     full = [PlannedPrefix(problem_id, "full", None, [], max_response_tokens)]
     if not chunk_mode:
         return full
+    if success_threshold is not None:
+        succeeded = [t for t in trajectories if t["finished"] and t["reward"] is not None and t["reward"] >= success_threshold]
+        trajectories = succeeded or trajectories
     candidates = [
         (t, cut)
         for t in sorted(trajectories, key=_newest_first)

@@ -201,6 +201,11 @@ class RolloutConfig(Section):
     chunk_tokens: int = Field(16, ge=1, description="L: token budget of one action chunk")
     max_response_tokens: int = Field(96, ge=1, description="budget of a full answer (full mode)")
     prefixes_per_problem: int = Field(2, ge=1, description="k: prefixes per ready problem in chunk mode")
+    prefix_source: Literal["any", "success"] = Field(
+        "any",
+        description="trajectories chunk-mode prefixes are cut from: any replayed one, or only those that succeeded "
+        "(replay.success_threshold) when the problem has any",
+    )
     probe_fraction: float = Field(0.25, ge=0, le=1, description="share of ready problems kept in full mode as readiness probes")
     revisit_fraction: float = Field(
         0.5, ge=0, le=1, description="share of each iteration's problems drawn from problems with replay"

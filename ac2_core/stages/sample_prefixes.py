@@ -126,6 +126,7 @@ def _plans(cfg: AC2Config, iteration: int, pid: str, trajectories: list[dict], r
         chunk_tokens=cfg.rollout.chunk_tokens,
         max_response_tokens=cfg.rollout.max_response_tokens,
         rng=rng,
+        success_threshold=cfg.replay.success_threshold if cfg.rollout.prefix_source == "success" else None,
     )
     for k, plan in enumerate(plans):
         ref = None

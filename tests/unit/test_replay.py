@@ -306,3 +306,16 @@ def test_solved_recently_counts_only_finished_full_groups():
     # the threshold decides what solved means
     assert not solved_recently(_group(4, [0.9]) + _group(5, [1.0]), groups=2, success_threshold=1.0)
     assert solved_recently(_group(4, [0.9]) + _group(5, [1.0]), groups=2, success_threshold=0.8)
+
+
+def test_plan_prefixes_from_successes_cuts_only_what_succeeded_when_anything_did():
+    failed = _traj("x", iteration=3, pv=3, finished=True, reward=0.0, n=36)
+    trajs = [*_replay(), failed]
+    kw = dict(chunk_mode=True, k=100, chunk_tokens=L, max_response_tokens=MAX, rng=np.random.default_rng(0))
+    every = plan_prefixes("p0", trajs, **kw)
+    assert {p.source_trajectory_id for p in every} == {"u", "f", "x"}
+    live = plan_prefixes("p0", trajs, **kw, success_threshold=1.0)
+    assert sorted((p.source_trajectory_id, len(p.prefix_token_ids)) for p in live) == [("f", 0), ("f", 16)]
+    # nothing succeeded (at this threshold): every trajectory is cut from, as without the option
+    none = plan_prefixes("p0", trajs, **{**kw, "rng": np.random.default_rng(0)}, success_threshold=1.5)
+    assert {p.source_trajectory_id for p in none} == {"u", "f", "x"}
