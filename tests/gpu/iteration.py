@@ -59,8 +59,10 @@ GPU_RUN = {
     "run.iterations": 1,
     # A random model earns reward 0 everywhere, so the default leave-one-out advantages are
     # all 0 and update_actor would train nothing. Against the critic's start value
-    # (0.5 from its zero head) every chunk gets A = -0.5, and the actor takes a real step.
+    # (0.5 from its zero head) every chunk gets A = -0.5, and the actor takes a real step;
+    # full-mode groups too, so they keep the critic's advantage instead of GRPO's.
     "advantage.baseline": "critic",
+    "advantage.full_groups": "chunk",
 }
 STAGES = ITERATION_STAGES
 

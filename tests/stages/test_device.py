@@ -23,7 +23,9 @@ CPU_RUN = {
     **TINY,
     "model.device": "cpu",
     "run.iterations": 1,
-    "advantage.baseline": "critic",  # as in the GPU check: every chunk of the untrained actor gets A = -0.5
+    # as in the GPU check: every chunk of the untrained actor gets A = -0.5
+    "advantage.baseline": "critic",
+    "advantage.full_groups": "chunk",
 }
 
 

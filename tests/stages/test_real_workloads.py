@@ -248,6 +248,7 @@ def test_an_ungraded_chunk_leaves_its_group_baseline(tiny_cfg):
             target=target,
             target_source=source,
             value_start=0.5,
+            mode="chunk",
         )
 
     scored = [row(0, 1.0, "reward"), row(1, None, "ungraded"), row(2, 0.0, "reward"), row(3, 0.5, "reward")]
