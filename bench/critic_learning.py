@@ -61,6 +61,9 @@ class Condition:
     read_lr: float = 1e-3
     read_on: str = "answers"  # answers: sampled answers under their references; demos: worked solutions copied;
     # slipdemos: one slipped worked solution read under another of the same problem (no decoding needed)
+    prefit_steps: int = 0  # steps of a dense value fit on graded slipped demonstrations (no decoding) before the answers
+    prefit_slip: float = 0.1  # their slip rate a step; the reference shown is the worked solution
+    aux_lm: float = 0.0  # weight of a next-token loss on the answer, in the critic's layout, beside the value loss
     answers: int | None = None  # fit the value on the first this many training answers (None: all)
     backbone: str = "actor"  # actor: the warm-started actor's; bootstrap: the bootstrap's critic (critic.read_steps)
     note: str = ""
@@ -88,6 +91,19 @@ CONDITIONS: dict[str, Condition] = {
     "readslip_dense_noref": Condition(dense=True, lr=3e-4, read_steps=1000, read_on="slipdemos", use_reference=False),
     "readslip_dense_2k": Condition(dense=True, lr=3e-4, read_steps=1000, read_on="slipdemos", answers=2000),
     "dense_2k": Condition(dense=True, lr=3e-4, answers=2000),
+    "slipfit_dense": Condition(dense=True, lr=3e-4, prefit_steps=500, note="first fits V on graded slipped solutions"),
+    "readslip_slipfit_dense": Condition(dense=True, lr=3e-4, read_steps=1000, read_on="slipdemos", prefit_steps=500),
+    "readslip_slipfit_dense_noref": Condition(
+        dense=True, lr=3e-4, read_steps=1000, read_on="slipdemos", prefit_steps=500, use_reference=False
+    ),
+    "readslip500_dense": Condition(dense=True, lr=3e-4, read_steps=500, read_on="slipdemos"),
+    "readslip500_dense_aux": Condition(
+        dense=True, lr=3e-4, read_steps=500, read_on="slipdemos", aux_lm=1.0, note="keeps reading while it fits V"
+    ),
+    "readslip500_dense_aux_noref": Condition(
+        dense=True, lr=3e-4, read_steps=500, read_on="slipdemos", aux_lm=1.0, use_reference=False
+    ),
+    "dense_aux": Condition(dense=True, lr=3e-4, aux_lm=1.0),
     "bootstrap_dense": Condition(dense=True, lr=3e-4, backbone="bootstrap", note="the bootstrap's critic (it read)"),
     "bootstrap_dense_noref": Condition(dense=True, lr=3e-4, backbone="bootstrap", use_reference=False),
 }
@@ -259,7 +275,7 @@ def examples(cfg, tok, answers: list[Answer], cond: Condition) -> list[tuple[lis
     return out
 
 
-def make_critic(cfg, actor, tok, answers: list[Answer], cond: Condition, seed: int, bootstrap_critic: str):
+def make_critic(cfg, actor, tok, answers: list[Answer], cond: Condition, seed: int, bootstrap_critic: str, cache: Path):
     """The critic: the actor's backbone (after ``read_steps`` of reference reading) and a zero head."""
     import torch
 
@@ -272,9 +288,27 @@ def make_critic(cfg, actor, tok, answers: list[Answer], cond: Condition, seed: i
         return critic.train().to(device=next(actor.parameters()).device, dtype=torch.float32)
     backbone_src = actor
     if cond.read_steps:
-        backbone_src = copy.deepcopy(actor)
-        read_pretrain(cfg, backbone_src, tok, answers, cond, seed)
+        backbone_src = read_backbone(cfg, actor, tok, answers, cond, seed, cache)
     return Critic.from_actor(backbone_src, seed=seed).train().to(torch.float32)
+
+
+def read_backbone(cfg, actor, tok, answers: list[Answer], cond: Condition, seed: int, cache: Path):
+    """A copy of ``actor`` after ``cond``'s reading, cached under ``cache`` (safetensors) by
+    everything the reading depends on, so conditions that read alike read once."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    key = f"read-{cond.read_on}-{cond.read_steps}-{cond.read_lr:g}-{'ref' if cond.use_reference else 'noref'}-{seed}"
+    path = cache / key
+    if (path / "config.json").exists():
+        print(f"    reading: cached at {path}", flush=True)
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(next(actor.parameters()).device)
+    model = copy.deepcopy(actor)
+    read_pretrain(cfg, model, tok, answers, cond, seed)
+    tmp = path.with_name(path.name + ".tmp")
+    model.save_pretrained(tmp)
+    tmp.replace(path)
+    return model
 
 
 def read_pretrain(cfg, model, tok, answers: list[Answer], cond: Condition, seed: int) -> None:
@@ -285,22 +319,14 @@ def read_pretrain(cfg, model, tok, answers: list[Answer], cond: Condition, seed:
     import torch
     import torch.nn.functional as F
 
-    from ac2_core.tasks import arith
-
     seqs = []
     slips = np.random.default_rng(seed + 1)
-    eos = [tok.eos_token_id]
-
-    def demo(slip: float) -> list[int]:
-        terms = arith.terms_of(tok.decode(a.prompt))
-        return tok(arith.slipped_solution(terms, slip_rate=slip, rng=slips), add_special_tokens=False)["input_ids"] + eos
-
     for a in answers:
         if cond.read_on in ("demos", "slipdemos"):
             # demos: the worked solution as reference and as the answer (pure copying); slipdemos: two
             # independently slipped ones, so the answer sometimes leaves the reference and must be computed on
             slip = 0.0 if cond.read_on == "demos" else 0.1
-            ref, state = demo(slip), demo(slip)
+            ref, state = slipped_demo(tok, a, slip, slips), slipped_demo(tok, a, slip, slips)
             x = critic_input(cfg, tok, Answer(a.problem_id, a.prompt, ref, [], 0.0, [], "", None), state, cond.use_reference)
             seqs.append((x, len(x) - len(state)))
         elif a.ref is not None:
@@ -325,36 +351,87 @@ def read_pretrain(cfg, model, tok, answers: list[Answer], cond: Condition, seed:
     model.eval()
 
 
+def slipped_demo(tok, a: Answer, slip: float, rng) -> list[int]:
+    """A worked solution of ``a``'s problem with slips at ``slip`` a step (arith), then EOS."""
+    from ac2_core.tasks import arith
+
+    terms = arith.terms_of(tok.decode(a.prompt))
+    return tok(arith.slipped_solution(terms, slip_rate=slip, rng=rng), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+
+
+def slip_examples(cfg, tok, answers: list[Answer], cond: Condition, rng, n: int) -> list[tuple[list[int], list[int], float]]:
+    """``n`` dense examples that cost no decoding: a slipped solution of a random problem, graded,
+    under the worked solution as its reference (a success, as replay's references are)."""
+    from ac2_core.tasks import arith
+
+    out = []
+    for i in rng.choice(len(answers), size=n):
+        a = answers[i]
+        ref, response = slipped_demo(tok, a, 0.0, rng), slipped_demo(tok, a, cond.prefit_slip, rng)
+        outcome = arith.grade(str(sum(arith.terms_of(tok.decode(a.prompt)))), tok.decode(response, skip_special_tokens=True))
+        demo = Answer(a.problem_id, a.prompt, ref, response, outcome, [], "", None)
+        out += examples(cfg, tok, [demo], cond)
+    return out
+
+
+def fit_step(cfg, critic, opt, batch, pad_id: int, lm_head=None, aux_lm: float = 0.0) -> int:
+    """One BCE step of V on ``batch`` of (input, positions, outcome); returns the positions fitted.
+    With ``lm_head`` the backbone also predicts each fitted position's next token (weight ``aux_lm``)."""
+    import torch
+    import torch.nn.functional as F
+
+    from ac2_core.math import critic_bce_loss
+
+    ids, mask = batch_tensors([x for x, _, _ in batch], pad_id, critic.value_head.weight.device)
+    hidden = critic._hidden(ids, mask)
+    logits = critic._head(hidden)
+    rows = torch.tensor([i for i, (_, pos, _) in enumerate(batch) for _ in pos], device=logits.device)
+    cols = torch.tensor([c for _, pos, _ in batch for c in pos], device=logits.device)
+    targets = torch.tensor([y for _, pos, y in batch for _ in pos], dtype=torch.float32, device=logits.device)
+    loss = critic_bce_loss(logits[rows, cols], targets)
+    if lm_head is not None:  # the next token exists at every fitted position but an answer's last
+        nxt = cols + 1 < mask.sum(dim=1)[rows]
+        loss = loss + aux_lm * F.cross_entropy(lm_head(hidden[rows[nxt], cols[nxt]]), ids[rows[nxt], cols[nxt] + 1])
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], cfg.critic.max_grad_norm)
+    opt.step()
+    return len(targets)
+
+
 def train_and_score(cfg, tok, actor, train: list[Answer], heldout: list[Answer], cond: Condition, args):
     """Train a critic for ``cond``; yields a record at each of ``args.steps``."""
     import numpy as np
     import torch
 
-    from ac2_core.math import critic_bce_loss
-
     critic = make_critic(
-        cfg, actor, tok, train, cond, seed=args.seed, bootstrap_critic=str(Path(args.out) / "bootstrap" / "bootstrap" / "critic")
+        cfg,
+        actor,
+        tok,
+        train,
+        cond,
+        seed=args.seed,
+        bootstrap_critic=str(Path(args.out) / "bootstrap" / "bootstrap" / "critic"),
+        cache=Path(args.out),
     )
     data = examples(cfg, tok, train[: cond.answers], cond)
-    opt = torch.optim.AdamW(critic.parameters(), lr=cond.lr)
+    lm_head = copy.deepcopy(actor.lm_head).float() if cond.aux_lm else None  # trained with the critic
+    params = list(critic.parameters()) + (list(lm_head.parameters()) if lm_head is not None else [])
+    opt = torch.optim.AdamW(params, lr=cond.lr)
+    fit = lambda batch: fit_step(cfg, critic, opt, batch, tok.pad_token_id, lm_head, cond.aux_lm)  # noqa: E731
     rng = np.random.default_rng(args.seed)
     step, t0, cpu0 = 0, time.perf_counter(), time.process_time()
     positions_seen = 0
+    critic.train()
+    for pre in range(cond.prefit_steps):  # graded slipped solutions: fresh ones every step
+        positions_seen += fit(slip_examples(cfg, tok, train, cond, rng, args.batch))
+        if (pre + 1) % 100 == 0:
+            print(f"    prefit step {pre + 1} ({time.perf_counter() - t0:.0f}s)", flush=True)
     for target in sorted(args.steps):
         critic.train()
         while step < target:
             batch = [data[i] for i in rng.choice(len(data), size=min(args.batch, len(data)), replace=False)]
-            logits = position_logits(critic, [x for x, _, _ in batch], tok.pad_token_id)
-            rows = torch.tensor([i for i, (_, pos, _) in enumerate(batch) for _ in pos], device=logits.device)
-            cols = torch.tensor([c for _, pos, _ in batch for c in pos], device=logits.device)
-            picked = logits[rows, cols]
-            targets = torch.tensor([y for _, pos, y in batch for _ in pos], dtype=torch.float32, device=logits.device)
-            loss = critic_bce_loss(picked, targets)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(critic.parameters(), cfg.critic.max_grad_norm)
-            opt.step()
-            positions_seen += len(targets)
+            positions_seen += fit(batch)
             step += 1
         critic.eval()
         scores = score(cfg, tok, critic, heldout, cond)
@@ -437,6 +514,30 @@ def ceiling(cfg, tok, train: list[Answer], heldout: list[Answer]) -> dict[str, d
     return result
 
 
+def layout_nll(tok, model, heldout: list[Answer], n: int = 256) -> dict[str, float]:
+    """The backbone's next-token loss on held-out answers (with a reference) in the actor's
+    layout and in the critic's: how much of what the actor computes survives the critic's input."""
+    import torch
+
+    ref_id, state_id = tok.convert_tokens_to_ids("<|ref|>"), tok.convert_tokens_to_ids("<|state|>")
+    heads = {
+        "actor: prompt answer": lambda a: a.prompt,
+        "critic: prompt <|ref|> reference <|state|> answer": lambda a: a.prompt + [ref_id] + a.ref + [state_id],
+        "critic without reference: prompt <|state|> answer": lambda a: a.prompt + [state_id],
+    }
+    losses: dict[str, list[float]] = {name: [] for name in heads}
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        for a in [a for a in heldout if a.ref is not None][:n]:
+            for name, head in heads.items():
+                prefix = head(a)
+                ids = torch.tensor([prefix + a.response], device=device)
+                logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
+                picked = logp[torch.arange(ids.shape[1] - 1, device=device), ids[0, 1:]][len(prefix) - 1 :]
+                losses[name].append(-picked.mean().item())
+    return {name: statistics.fmean(v) for name, v in losses.items()}
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -446,7 +547,8 @@ def report(records: list[dict], meta: dict, reproduce: str) -> str:
     for r in records:
         latest[(r["condition"], r.get("steps", 0))] = r
     ceilings = [r for (_, _), r in latest.items() if r.get("ceiling")]
-    runs = sorted((r for r in latest.values() if not r.get("ceiling")), key=lambda r: (r["condition"], r["steps"]))
+    layouts = [r for r in latest.values() if r.get("layout")]
+    runs = sorted((r for r in latest.values() if "steps" in r), key=lambda r: (r["condition"], r["steps"]))
     lines = [
         "# Critic learning: how well a critic judges partial answers, against training steps",
         "",
@@ -475,6 +577,15 @@ def report(records: list[dict], meta: dict, reproduce: str) -> str:
         "agree_canonical: P(success | the partial answer is a prefix of the worked solution, depth), fitted on the training"
         " states; agree_reference: the same against the reference the critic is shown.",
         "",
+        "## The backbone in the critic's layout",
+        "",
+        "The warm-started actor's next-token loss on held-out answers that have a reference, a token, as the critic"
+        " copies it (before any reading or value fit):",
+        "",
+        "| layout | answer loss a token |",
+        "|---|---:|",
+        *(f"| {r['condition'].replace('|', chr(92) + '|')} | {r['nll']:.3f} |" for r in layouts),
+        "",
         "## Critics: condition x steps",
         "",
         "| condition | what it is | steps | AUC past 1st chunk, with ref | AUC past 1st chunk | AUC | gap | calibration error |"
@@ -496,6 +607,10 @@ def describe(c: Condition) -> str:
     parts = ["dense" if c.dense else "cuts", f"lr {c.lr:g}", "ref" if c.use_reference else "no ref"]
     if c.read_steps:
         parts.append(f"reads {c.read_steps} steps on {c.read_on}")
+    if c.aux_lm:
+        parts.append(f"next-token loss on the answer beside V (weight {c.aux_lm:g})")
+    if c.prefit_steps:
+        parts.append(f"first fits V {c.prefit_steps} steps on graded slipped solutions (slip {c.prefit_slip:g})")
     if c.answers:
         parts.append(f"fits {c.answers:,} answers")
     if c.backbone == "bootstrap":
@@ -569,6 +684,9 @@ def main(argv=None) -> None:
     for name, result in ceiling(cfg, tok, train, heldout).items():
         print(f"ceiling {name}: " + "  ".join(f"{k} {v:.3f}" for k, v in result.items() if isinstance(v, float)), flush=True)
         _append(records_path, {"condition": name, "ceiling": True, **result})
+    for name, nll in layout_nll(tok, ckpt.model, heldout).items():
+        print(f"layout {name}: answer loss {nll:.3f} a token", flush=True)
+        _append(records_path, {"condition": name, "layout": True, "nll": nll})
     for name in args.conditions:
         cond = CONDITIONS[name]
         print(f"[{name}] {describe(cond)}", flush=True)
