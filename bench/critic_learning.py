@@ -486,6 +486,64 @@ def summarize(values, outcomes, depth, has_ref, chunk: int) -> dict:
     }
 
 
+def answer_surprise(tok, model, answers: list[Answer], with_reference: bool) -> list:
+    """Per answer, the next-token loss of each of its tokens under ``model``: in the critic's
+    layout (problem, reference, answer) or, without the reference, in the actor's own."""
+    import torch
+
+    ref_id, state_id = tok.convert_tokens_to_ids("<|ref|>"), tok.convert_tokens_to_ids("<|state|>")
+    device = next(model.parameters()).device
+    out = []
+    with torch.no_grad():
+        for a in answers:
+            head = a.prompt + ([ref_id] + a.ref if a.ref else []) + [state_id] if with_reference else a.prompt
+            ids = torch.tensor([head + a.response], device=device)
+            logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
+            out.append(-logp[torch.arange(ids.shape[1] - 1, device=device), ids[0, 1:]][len(head) - 1 :].cpu())
+    return out
+
+
+def surprise_predictor(cfg, sources: list[tuple[list, list]], train: list[Answer], heldout: list[Answer]) -> dict:
+    """V from the answer's surprise so far: a logistic fit on the training states of (largest
+    and mean next-token loss of the written tokens under each source, ``answer_surprise`` of
+    the training and of the held-out answers; the depth). Trains no backbone: it asks how much
+    a model that predicts the answer already knows about its fate."""
+    import torch
+
+    def features(answers, losses):
+        rows, outcome, depth, has_ref = [], [], [], []
+        for i, a in enumerate(answers):
+            for c in a.cuts:
+                row = [c / cfg.rollout.max_response_tokens]
+                for per_answer in losses:
+                    seg = per_answer[i][:c]
+                    row += [float(seg.max()) if c else 0.0, float(seg.mean()) if c else 0.0]
+                rows.append(row)
+                outcome.append(a.outcome)
+                depth.append(c)
+                has_ref.append(a.ref is not None)
+        return torch.tensor(rows), outcome, depth, has_ref
+
+    x, y, _, _ = features(train, [t for t, _ in sources])
+    mean, std = x.mean(0), x.std(0).clamp(min=1e-6)
+    w = torch.zeros(x.shape[1] + 1, requires_grad=True)
+    opt = torch.optim.LBFGS([w], max_iter=200)
+    target = torch.tensor(y)
+    design = torch.cat([(x - mean) / std, torch.ones(len(x), 1)], 1)
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(design @ w, target)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    hx, outcome, depth, has_ref = features(heldout, [h for _, h in sources])
+    with torch.no_grad():
+        v = torch.sigmoid(torch.cat([(hx - mean) / std, torch.ones(len(hx), 1)], 1) @ w).tolist()
+    return summarize(v, outcome, depth, has_ref, cfg.rollout.chunk_tokens)
+
+
 def ceiling(cfg, tok, train: list[Answer], heldout: list[Answer]) -> dict[str, dict]:
     """Agreement predictors (arith): P(success | agrees so far, depth) fitted on ``train``."""
     result = {}
@@ -548,6 +606,7 @@ def report(records: list[dict], meta: dict, reproduce: str) -> str:
         latest[(r["condition"], r.get("steps", 0))] = r
     ceilings = [r for (_, _), r in latest.items() if r.get("ceiling")]
     layouts = [r for r in latest.values() if r.get("layout")]
+    surprises = [r for r in latest.values() if r.get("surprise")]
     runs = sorted((r for r in latest.values() if "steps" in r), key=lambda r: (r["condition"], r["steps"]))
     lines = [
         "# Critic learning: how well a critic judges partial answers, against training steps",
@@ -569,13 +628,21 @@ def report(records: list[dict], meta: dict, reproduce: str) -> str:
         "| predictor | AUC past 1st chunk, with ref | AUC past 1st chunk | AUC | gap | calibration error |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    for r in ceilings:
-        scores = " | ".join(f"{r[k]:.3f}" for k in ("auc_past_ref", "auc_past", "auc", "gap", "ece"))
-        lines.append(f"| {r['condition']} | {scores} |")
+    lines += [_predictor_row(r) for r in ceilings]
     lines += [
         "",
         "agree_canonical: P(success | the partial answer is a prefix of the worked solution, depth), fitted on the training"
         " states; agree_reference: the same against the reference the critic is shown.",
+        "",
+        "## Predictors that train no backbone: the answer's surprise so far",
+        "",
+        "V = a logistic fit on the training states of the depth and the largest and mean next-token loss of the tokens"
+        " written so far (`surprise_predictor`): under the warm-started actor in its own layout (no reference), under the"
+        " read backbone in the critic's layout (with the reference), or both.",
+        "",
+        "| predictor | AUC past 1st chunk, with ref | AUC past 1st chunk | AUC | gap | calibration error |",
+        "|---|---:|---:|---:|---:|---:|",
+        *(_predictor_row(r) for r in surprises),
         "",
         "## The backbone in the critic's layout",
         "",
@@ -601,6 +668,11 @@ def report(records: list[dict], meta: dict, reproduce: str) -> str:
         )
     lines += ["", MARKER, ""]
     return "\n".join(lines)
+
+
+def _predictor_row(r: dict) -> str:
+    """A table row of a predictor that is not trained in steps: its name and its scores."""
+    return f"| {r['condition']} | " + " | ".join(f"{r[k]:.3f}" for k in ("auc_past_ref", "auc_past", "auc", "gap", "ece")) + " |"
 
 
 def describe(c: Condition) -> str:
