@@ -38,6 +38,7 @@ from ac2_core.config import AC2Config
 from ac2_core.runner import loop
 from ac2_core.runner.layout import RunLayout
 from ac2_core.stages import recipe
+from ac2_core.threads import choose_threads
 from pipelines import driver, taskhost
 
 Log = loop.Log
@@ -258,6 +259,7 @@ def run(
     every task is a cold process, as on a cluster. The artifacts are the same either way.
     """
     root = Path(out_dir).resolve() / "kfp"
+    log(f"tasks run on this machine with {choose_threads(cfg.model.threads)}")
     with contextlib.ExitStack() as stack:
         stack.enter_context(storage.using(cfg.storage))
         if task_host:

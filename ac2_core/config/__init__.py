@@ -51,6 +51,9 @@ class ModelConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="where models run: auto (cuda when this machine has it, else cpu), cpu, or cuda (an error without it)"
     )
+    threads: int | None = Field(
+        None, ge=1, description="torch CPU threads per process; unset: OMP_NUM_THREADS, else the CPUs it may use (threads.py)"
+    )
     trust_remote_code: bool = Field(False, description="allow model code from the checkpoint; off unless asked for")
 
     @model_validator(mode="after")
@@ -434,13 +437,13 @@ class AC2Config(Section):
 
     def config_hash(self) -> str:
         """sha256 of the canonical JSON form: identical configs hash identically."""
-        # storage, cluster and model.device say where artifacts live and where stages run, not what they
-        # compute: not hashed. (One config serves a pipeline's GPU and CPU tasks alike: device auto.)
+        # storage, cluster, model.device and model.threads say where artifacts live and where and how stages
+        # run, not what they compute: not hashed. (One config serves a pipeline's GPU and CPU tasks alike: device auto.)
         # Nor do the process counts: N processes take the step one process takes (the same weights up to float rounding).
         where = {
             "storage": True,
             "cluster": True,
-            "model": {"device"},
+            "model": {"device", "threads"},
             "training": {"num_processes", "launch"},
             "generation": {"num_processes", "launch"},
         }
@@ -455,7 +458,7 @@ class AC2Config(Section):
         """
         part = {
             "seed": self.seed,
-            "model": self.model.model_dump(mode="json", exclude={"device"}),
+            "model": self.model.model_dump(mode="json", exclude={"device", "threads"}),
             "task": self.task.model_dump(mode="json"),
             "warm_start": self.warm_start.model_dump(mode="json"),
             "critic_reading": [self.critic.read_steps, self.critic.read_lr, self.critic.max_input_tokens],

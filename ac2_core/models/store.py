@@ -50,18 +50,22 @@ class ModelStore:
         self.ranks = ranks  # this process's place in a launched group; None: a stage's own process
         self._memory: dict[str, Checkpoint] = {}
         self._device = None
+        self.threads = None  # the ac2_core.threads.Threads in effect, once ``device`` is resolved
 
     @property
     def device(self):
         """``model.device`` resolved on this machine (a ``torch.device``); every loaded model is put there.
 
-        Resolved on first use, so a stage that needs no weights never imports torch.
+        Resolved on first use, so a stage that needs no weights never imports torch; torch's
+        thread count is set then too (``model.threads``, ``ac2_core.threads``; ``self.threads`` says which).
         ConfigError naming ``model.device`` when cuda is asked for and absent.
         """
         if self._device is None:
             from ac2_core.models.device import resolve_device
+            from ac2_core.threads import use_threads
 
             self._device = resolve_device(self.cfg.model.device)
+            self.threads = use_threads(self.cfg.model.threads)
         return self._device
 
     # ------------------------------------------------------------------ loading
