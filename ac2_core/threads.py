@@ -14,8 +14,13 @@ beside it, a toy iteration on 2 cores took 10 to 30 times as long
   for ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` is left as it is.
 - The thread count (intra- and inter-op) is ``model.threads`` when set, else
   ``OMP_NUM_THREADS`` when set, else the CPUs this process may use: its affinity mask,
-  bounded by the cgroup CPU quota (rounded up). ``recipe.run_stage`` applies it before
-  every stage.
+  bounded by the cgroup CPU quota (rounded up). ``ModelStore.device`` applies it, so a
+  stage sets it before it loads its first model.
+- A stage that launches N processes (``ac2_core.launch``: data-parallel updates, sharded
+  generation and scoring) gives each of them its share, ``per_process``: the count this
+  process would use, divided by N (at least 1), as ``model.threads`` in their config and
+  ``OMP_NUM_THREADS`` in their environment. N processes then fill the CPUs one would,
+  instead of N times over.
 
 The count changes how float sums are split, so a seed reproduces a CPU run's bytes with the
 same count; the runners log it. The wait policy changes no result.
@@ -120,6 +125,11 @@ def choose_threads(setting: int | None) -> Threads:
         return Threads(count, "OMP_NUM_THREADS")
     count, why = usable_cpus()
     return Threads(count, why)
+
+
+def per_process(setting: int | None, processes: int) -> int:
+    """Threads for each of ``processes`` launched processes: ``choose_threads(setting)`` shared among them."""
+    return max(1, choose_threads(setting).count // processes)
 
 
 def use_threads(setting: int | None) -> Threads:

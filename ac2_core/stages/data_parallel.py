@@ -20,7 +20,7 @@ import functools
 import sys
 from typing import TYPE_CHECKING
 
-from ac2_core import launch, storage
+from ac2_core import launch, storage, threads
 from ac2_core.config import AC2Config, config_from_json, parallel
 
 if TYPE_CHECKING:
@@ -72,10 +72,11 @@ def run(cfg: AC2Config, stage: str, iteration: int, kwargs: dict, store=None) ->
             if uri is not None:
                 store.forget(uri)
     n = processes(cfg)
+    each = threads.per_process(cfg.model.threads, n)
     with launch.scratch(stage) as folder:
-        spec = {"stage": stage, "iteration": iteration, "kwargs": kwargs, "config": cfg.to_json()}
+        spec = {"stage": stage, "iteration": iteration, "kwargs": kwargs, "config": launch.child_config(cfg, each)}
         launch.write_spec(folder, spec)
-        launch.torchrun(MODULE, folder, n, what=f"{stage} over {n} processes")
+        launch.torchrun(MODULE, folder, n, threads_each=each, what=f"{stage} over {n} processes")
         return launch.read_result(folder, 0)
 
 

@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from ac2_core import threads
-from ac2_core.config import ConfigError, load_config
+from ac2_core import launch, threads
+from ac2_core.config import ConfigError, config_from_json, load_config
 from ac2_core.models.store import ModelStore
 from tests.conftest import TOY, tiny_config
 
@@ -114,3 +114,18 @@ def test_importing_ac2_core_makes_openmp_waits_passive_unless_the_environment_sa
     probe = "import os, ac2_core; print(os.environ.get('OMP_WAIT_POLICY'))"
     out = subprocess.run([sys.executable, "-c", probe], env={**clean, **env}, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(expected)
+
+
+def test_launched_processes_share_the_threads_of_the_process_that_launches_them(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert threads.per_process(5, 2) == 2 and threads.per_process(1, 2) == 1  # at least one each
+    assert threads.per_process(None, 1) == threads.usable_cpus()[0]
+    cfg = tiny_config(model__threads=4)
+    each = threads.per_process(cfg.model.threads, 2)
+    with launch.scratch("threads") as folder:
+        launch.write_spec(folder, {"config": launch.child_config(cfg, each)})
+        launch.spawn("tests.unit.threads_probe", folder, None, 2, threads_each=each, what="probe")
+        reports = [launch.read_result(folder, rank) for rank in range(2)]
+    # model.threads 4 over 2 processes: 2 each, not 4 each (8 threads on 4 CPUs)
+    assert reports == [{"torch": 2, "why": "model.threads", "env": "2"}] * 2
+    assert config_from_json(launch.child_config(cfg, each)).config_hash() == cfg.config_hash()
