@@ -5,8 +5,9 @@ container's quota lets the process use, and GNU OpenMP (torch's CPU wheels bundl
 a waiting thread spinning for about 3 ms before it sleeps. Where other work runs, the
 spinning thread holds a core that the thread it waits for needs, and every one of the
 thousands of small parallel regions of a decode step pays for it: with one busy process
-beside it, a toy iteration on 2 cores took 10 to 30 times as long
-(``bench/results/contention.md``). So, for every process of a run:
+beside it on 2 cores, a 2-iteration toy run took 5 min 11 s spinning and 38 s with passive
+waits (one measurement, load about 4.5; ``bench/contention.py --baseline`` repeats it).
+So, for every process of a run:
 
 - OpenMP threads wait passively (``OMP_WAIT_POLICY=PASSIVE``). OpenMP reads the setting
   once, when torch loads it, so ``wait_passively`` runs when ``ac2_core`` is imported;
