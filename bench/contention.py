@@ -42,6 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from ac2_core import storage  # noqa: E402
 from ac2_core.config import config_from_json, load_config  # noqa: E402
 from ac2_core.runner import loop  # noqa: E402
 from ac2_core.runner.layout import RunLayout  # noqa: E402
@@ -60,8 +61,6 @@ POLICIES = {
 
 def child(runner: str, config_file: str, run_dir: str) -> None:
     """Time iteration 1 in this process; print the seconds as JSON on the last line."""
-    from ac2_core import storage
-
     cfg = config_from_json(Path(config_file).read_text())
     layout = RunLayout(run_dir)
     with storage.using(cfg.storage):
@@ -107,7 +106,7 @@ def measure(args, cfg, config_file: Path, boot: str, work: Path, runner: str, po
     if out.returncode != 0:
         raise SystemExit(f"{runner} ({policy}, {competitors} competing) failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
     wall = json.loads(out.stdout.strip().splitlines()[-1])["wall"]
-    hashes = {name: h for name, h in artifacts(run_dir).items() if name.startswith("iter-")}
+    hashes = {name: storage.content_hash(uri) for name, uri in artifacts(run_dir).items() if name.startswith("iter-")}
     print(f"  {runner:<9} {policy:<4} competitors {competitors}: {wall:6.1f}s  (load {load:.2f})", flush=True)
     return {"wall": wall, "load": load, "hashes": hashes}
 
