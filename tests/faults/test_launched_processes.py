@@ -23,9 +23,9 @@ with launch.scratch("update_actor") as folder:
     launch.write_spec(folder, {})
     print(folder, flush=True)
     if sys.argv[1] == "torchrun":
-        launch.torchrun("tests.faults.launched", folder, 2, what="test")
+        launch.torchrun("tests.faults.launched", folder, 2, threads_each=1, what="test")
     else:
-        launch.spawn("tests.faults.launched", folder, None, 2, what="test")
+        launch.spawn("tests.faults.launched", folder, None, 2, threads_each=1, what="test")
 """
 
 
