@@ -10,6 +10,11 @@ Two ways, one file protocol:
   critic scoring use it: a vLLM engine in a process that torchrun started would take
   torchrun's variables for its own group.
 
+Each process gets its share of the launching process's CPU threads
+(``threads.per_process``, which the caller passes as ``threads_each``): the spec's config
+carries it as ``model.threads`` (``child_config``), and the environment as
+``OMP_NUM_THREADS``, which torchrun then leaves alone.
+
 The launch works in a scratch folder: ``spec.json`` (what to do, as JSON), and what each
 process writes there (``result-<rank>.json``; ``error-<rank>.txt`` when it failed). The
 children print to the stage's own output. Any child that fails fails the launch: the
@@ -41,6 +46,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import ac2_core
+from ac2_core.config import AC2Config
 from ac2_core.storage import ArtifactError
 from ac2_core.storage.leftovers import LAUNCH, alive, staging_prefix
 
@@ -64,6 +70,12 @@ def scratch(prefix: str) -> Iterator[Path]:
         yield Path(folder)
 
 
+def child_config(cfg: AC2Config, threads_each: int) -> str:
+    """``cfg`` as JSON for launched processes of ``threads_each`` threads each (``model.threads``,
+    which is not hashed: their artifacts carry the same config hash)."""
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"threads": threads_each})}).to_json()
+
+
 def write_spec(folder: Path, spec: dict) -> Path:
     """``spec`` as the children read it, with this process's pid: they end when it is gone."""
     path = folder / SPEC
@@ -71,8 +83,9 @@ def write_spec(folder: Path, spec: dict) -> Path:
     return path
 
 
-def torchrun(module: str, folder: Path, processes: int, *, what: str) -> None:
-    """Run ``python -m module folder/spec.json`` in ``processes`` processes under torchrun."""
+def torchrun(module: str, folder: Path, processes: int, *, threads_each: int, what: str) -> None:
+    """Run ``python -m module folder/spec.json`` in ``processes`` processes under torchrun, with
+    ``OMP_NUM_THREADS=threads_each`` (torchrun would set 1 for several processes itself)."""
     command = [
         sys.executable,
         "-m",
@@ -84,23 +97,20 @@ def torchrun(module: str, folder: Path, processes: int, *, what: str) -> None:
         module,
         str(folder / SPEC),
     ]
-    # torchrun sets OMP_NUM_THREADS=1 for several processes itself (and says so on stderr)
-    code = subprocess.run(command, env=_child_env({}), check=False).returncode
+    code = subprocess.run(command, env=_child_env({"OMP_NUM_THREADS": str(threads_each)}), check=False).returncode
     if code != 0:
         raise _failure(folder, what, f"torchrun exited with {code}")
 
 
-def spawn(module: str, folder: Path, devices: list[list[str]] | None, processes: int, *, what: str) -> None:
+def spawn(module: str, folder: Path, devices: list[list[str]] | None, processes: int, *, threads_each: int, what: str) -> None:
     """Run ``python -m module folder/spec.json RANK processes`` once per rank, side by side.
 
-    ``devices``: the GPUs (CUDA_VISIBLE_DEVICES entries) of each rank; None on CPU, where
-    each process gets ``OMP_NUM_THREADS=1`` when there are several (as torchrun does).
+    ``devices``: the GPUs (CUDA_VISIBLE_DEVICES entries) of each rank; None on CPU.
+    ``threads_each``: each one's ``OMP_NUM_THREADS``.
     """
     children = []
     for rank in range(processes):
-        extra = {"CUDA_VISIBLE_DEVICES": ",".join(devices[rank])} if devices else {}
-        if not devices and processes > 1 and "OMP_NUM_THREADS" not in os.environ:
-            extra["OMP_NUM_THREADS"] = "1"
+        extra = {"OMP_NUM_THREADS": str(threads_each)} | ({"CUDA_VISIBLE_DEVICES": ",".join(devices[rank])} if devices else {})
         command = [sys.executable, "-m", module, str(folder / SPEC), str(rank), str(processes)]
         children.append(subprocess.Popen(command, env=_child_env(extra)))
     codes = _wait_all(children)

@@ -23,15 +23,19 @@ def add_run_arguments(parser, *, bootstrap_help: str) -> None:
     parser.add_argument(
         "--threads",
         type=int,
-        help="torch intra-op threads (default: torch's own). On a loaded machine use 1: OpenMP threads that spin while"
-        " waiting for a busy core made 2 threads 25x slower than 1 on this 2-core machine under load 7",
+        help="torch threads (default: ac2's choice, the CPUs this process may use; ac2_core.threads)",
     )
 
 
 def set_threads(threads: int | None) -> None:
+    """``--threads``: torch's thread count here, and through ``OMP_NUM_THREADS`` in every ModelStore
+    (``ac2_core.threads``), which would otherwise choose the CPUs this process may use."""
     if threads:
+        import os
+
         import torch
 
+        os.environ["OMP_NUM_THREADS"] = str(threads)
         torch.set_num_threads(threads)
 
 

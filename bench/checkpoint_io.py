@@ -3,8 +3,8 @@
 A model directory of random tensors (safetensors weight shards, optimizer state as
 safetensors, small JSON files) goes to SeaweedFS on loopback and back:
 
-- ac2 upload:    ``storage.publish_dir``  (sha256 of every file, files in parallel, manifest last)
-- ac2 download:  ``storage.local_model_dir``  (files in parallel, each verified, into a fresh cache)
+- ac2 upload:    ``storage.publish_dir``  (files in parallel, each hashed beside its upload, manifest last)
+- ac2 download:  ``storage.local_model_dir``  (files in parallel, each hashed as it arrives, into a fresh cache)
 - s3fs:          ``S3FileSystem.put`` / ``.get`` of the same file lists (s3fs's own async batching)
 
 ac2 is also run with ``storage.io_threads=1``, to show what the thread pool adds. Each
@@ -111,8 +111,9 @@ def measure(server, files: list[Path], work: Path, args) -> dict[str, list[float
         times.setdefault("s3fs upload", []).append(timed(s3fs_upload, fs, files, uri))
         times.setdefault("s3fs download", []).append(timed(s3fs_download, fs, files, uri, dest))
         shutil.rmtree(dest)
+        times.setdefault("load", []).append(os.getloadavg()[0])
         total = sum(f.stat().st_size for f in files)
-        rates = ", ".join(f"{k} {total / MB / v[-1]:.0f} MB/s" for k, v in times.items())
+        rates = ", ".join(f"{k} {total / MB / v[-1]:.0f} MB/s" for k, v in times.items() if k != "load")
         print(f"repeat {r + 1}/{args.repeats}: {rates}", flush=True)
     return times
 
@@ -132,7 +133,8 @@ def run(args) -> dict:
 
 
 def report(args, res: dict) -> str:
-    total, times = res["total"], res["times"]
+    total, times = res["total"], dict(res["times"])
+    loads = times.pop("load")
     rate = {k: total / MB / statistics.median(v) for k, v in times.items()}
 
     def cell(key: str) -> str:
@@ -147,22 +149,30 @@ def report(args, res: dict) -> str:
         " two small JSON files. SeaweedFS (`weed server -s3`) on 127.0.0.1, on the same machine as the client.",
         f"Median of {args.repeats} runs after an untimed warm-up (min–max in brackets); MB = 10^6 bytes; a fresh URI every run.",
         "",
-        f"| direction | ac2 (io_threads={args.threads}) | ac2 (io_threads=1) | s3fs put/get | ac2 / s3fs (medians) |",
-        "|---|---:|---:|---:|---:|",
+        f"Load average (1 min) after each repeat: {', '.join(f'{x:.1f}' for x in loads)} (the machine was shared;"
+        " each repeat runs ac2 and s3fs back to back, and the last column is the median of the per-repeat ratios).",
+        "",
+        f"| direction | ac2 (io_threads={args.threads}) | ac2 (io_threads=1) | s3fs put/get | ac2 / s3fs (medians) |"
+        " ac2 / s3fs (per repeat) |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for d in ("upload", "download"):
         ratio = rate[f"ac2 {d}"] / rate[f"s3fs {d}"]
-        lines.append(f"| {d} | {cell(f'ac2 {d}')} | {cell(f'ac2, 1 thread {d}')} | {cell(f's3fs {d}')} | {ratio:.2f} |")
+        paired = statistics.median(s / a for a, s in zip(times[f"ac2 {d}"], times[f"s3fs {d}"]))
+        lines.append(
+            f"| {d} | {cell(f'ac2 {d}')} | {cell(f'ac2, 1 thread {d}')} | {cell(f's3fs {d}')} | {ratio:.2f} | {paired:.2f} |"
+        )
     import fsspec
     import s3fs
 
     lines += [
         "",
         "What each side does:",
-        "- ac2 upload: `storage.publish_dir` — sha256 of every file (in parallel), removal of any old version,"
-        " the files on a thread pool, the manifest last.",
+        "- ac2 upload: `storage.publish_dir` — sha256 of every file on its own threads while any old version is"
+        " removed and the files go up on a thread pool, the manifest last.",
         "- ac2 download: `storage.local_model_dir` — the manifest, a listing (pickle check), the files on a thread"
-        " pool, each verified against its sha256, then one rename into the cache.",
+        " pool, each streamed in one GET and hashed as it arrives, checked against its sha256, then one rename into"
+        " the cache.",
         "- s3fs: `put`/`get` of the same file lists; no hashing, no manifest.",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()},"

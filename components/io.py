@@ -32,7 +32,7 @@ def run_stage(name: str, params: dict) -> dict:
     a process that has the stage code imported (``components.taskhost``); anywhere else, or
     if that host is gone, the call runs in this task's process. The artifacts are the same.
     """
-    from ac2_core.stages.recipe import stage
+    from ac2_core.stages.recipe import MODELS, stage
 
     s = stage(name)
     missing = [k for k in ("config", *(i.keyword for i in s.inputs), *s.out_keywords) if k not in params]
@@ -47,18 +47,22 @@ def run_stage(name: str, params: dict) -> dict:
         kwargs={**inputs, **{k: artifact.path for k, artifact in zip(s.out_keywords, outputs)}},
         outputs=[artifact.path for artifact in outputs],
     )
-    result = call_or_run(execute_stage, call, label=f"stage {name}")
+    # models the stage reads: a warm task host loads them before it forks the worker, and keeps them for later tasks
+    models = [[inputs[i.keyword], i.artifact] for i in s.inputs if s.models and i.artifact in MODELS and inputs[i.keyword]]
+    preload = {"config_path": call["config_path"], "models": models} if models else None
+    result = call_or_run(execute_stage, call, label=f"stage {name}", preload=preload)
     for artifact in outputs:
         artifact.metadata.update({k: _scalar(v) for k, v in result["stats"].items()})
         artifact.metadata.update({**result["manifests"][artifact.path], "stage_seconds": round(result["seconds"], 3)})
     return result["stats"]
 
 
-def execute_stage(*, stage: str, iteration: int, config_path: str, kwargs: dict, outputs: list[str]) -> dict:
+def execute_stage(*, stage: str, iteration: int, config_path: str, kwargs: dict, outputs: list[str], models=None) -> dict:
     """Run the stage on the config file's config, with its storage settings in effect; return
     its figures, its seconds, and each output's manifest figures (for the KFP metadata).
 
-    Run by a task host's worker, or by the task itself where there is no host.
+    Run by a task host's worker, or by the task itself where there is no host. ``models``:
+    the host's ``LoadedModels``, which the stage's store takes its checkpoints from.
     """
     from ac2_core import storage
     from ac2_core.config import config_from_json
@@ -71,7 +75,12 @@ def execute_stage(*, stage: str, iteration: int, config_path: str, kwargs: dict,
     named = next(c.kwargs for c in calls(cfg, iteration, RunLayout.relative) if c.stage == stage)
     with storage.using(cfg.storage):
         start = time.perf_counter()
-        stats = call_stage(cfg, stage, iteration=iteration, kwargs=kwargs, named=named)
+        store = None
+        if models is not None:
+            from ac2_core.models.store import ModelStore
+
+            store = ModelStore(cfg, loaded=models)
+        stats = call_stage(cfg, stage, iteration=iteration, kwargs=kwargs, store=store, named=named)
         seconds = time.perf_counter() - start
         manifests = {uri: _manifest_figures(storage.read_manifest(uri)) for uri in outputs}
     return {"stats": stats.as_dict(), "seconds": seconds, "manifests": manifests}

@@ -10,6 +10,8 @@ and working directory, runs it, and replies its JSON value:
     ------------                        ------------------------
     connect to the socket       ---->   accept; receive the call and the task's
     send call + stdout/stderr fds       stdout and stderr file descriptors
+                                        load the models the call names, unless
+                                          loaded for an earlier task (same content)
                                         fork a worker: become the task's process,
                                           run the function, reply its value, exit
     annotate the outputs,       <----
@@ -57,22 +59,27 @@ def plain(value):
     return value.item() if hasattr(value, "item") else str(value)
 
 
-def call_or_run(fn: Callable, kwargs: dict, *, label: str):
+def call_or_run(fn: Callable, kwargs: dict, *, label: str, preload: dict | None = None):
     """``fn(**kwargs)`` as JSON values, run by the host that ``AC2_TASK_HOST`` names, if one answers,
-    else in this process. ``label`` names the call in the message printed when the host fails."""
+    else in this process. ``label`` names the call in the message printed when the host fails.
+
+    ``preload`` (``{"config_path": ..., "models": [[uri, kind], ...]}``): models the host loads
+    before it forks the worker, which then calls ``fn(**kwargs, models=<the host's LoadedModels>)``;
+    ``fn`` must take ``models`` (None where no host runs it)."""
     if address := os.environ.get(ENV):
         try:
-            return call(fn, kwargs, address=address)
+            return call(fn, kwargs, address=address, preload=preload)
         except HostUnavailable as e:
             print(f"ac2: {e}; running {label} in the task's own process", file=sys.stderr, flush=True)
     return json.loads(json.dumps(fn(**kwargs), default=plain))
 
 
-def call(fn: Callable, kwargs: dict, *, address: str):
+def call(fn: Callable, kwargs: dict, *, address: str, preload: dict | None = None):
     """Have the host at ``address`` run ``fn(**kwargs)`` in a worker that writes to this
     process's stdout and stderr; returns its value (JSON). Raises what ``fn`` raised."""
     target = reference(fn)
-    request = json.dumps({"target": target, "kwargs": kwargs, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
+    body = {"target": target, "kwargs": kwargs, "env": dict(os.environ), "cwd": os.getcwd()}
+    request = json.dumps(body | ({"preload": preload} if preload else {})).encode()
     sys.stdout.flush()
     sys.stderr.flush()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:

@@ -40,6 +40,7 @@ from ac2_core.runner import loop
 from ac2_core.runner.layout import RunLayout
 from ac2_core.runner.progress import PHASES
 from ac2_core.stages import recipe
+from ac2_core.threads import choose_threads
 from pipelines import driver, taskhost
 
 Log = loop.Log
@@ -301,6 +302,7 @@ def run(
     every task is a cold process, as on a cluster. The artifacts are the same either way.
     """
     root = Path(out_dir).resolve() / "kfp"
+    log(f"tasks run on this machine with {choose_threads(cfg.model.threads)}")
 
     @contextlib.contextmanager
     def open_runner() -> Iterator[KfpLocal]:

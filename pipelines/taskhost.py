@@ -10,8 +10,14 @@ that a stage sees (its stdout and stderr, environment and working directory), ru
 replies and exits.
 
 The worker is a new process per task, as a task is; what it shares with its siblings is
-imported code and nothing else (the host runs no stage code, and it refuses to fork while
-another Python thread runs). Artifacts are byte-identical with and without the host
+imported code and loaded models, nothing else (the host runs no stage code, and it refuses
+to fork while another Python thread runs). A call names the model artifacts its stage
+reads; the host loads each on the CPU before it forks the worker, unless a checkpoint of
+the same content hash is loaded already (``ac2_core.models.store.LoadedModels``: artifacts
+are immutable), so an iteration's actor and critic are each built once, not once per task.
+The host itself never computes with them: it runs torch on one thread, so no OpenMP
+thread team exists when it forks (a worker forked after the host had run an OpenMP region
+hung in its first one). Artifacts are byte-identical with and without the host
 (``tests/pipeline``). On a cluster there is no host and every task imports for itself:
 there, stages run for minutes and the imports are noise.
 
@@ -48,6 +54,7 @@ from pathlib import Path
 from components.taskhost import ENV, HEADER, MAX_CALL, REFUSED, STARTED, plain, resolve
 
 READY = "ready"  # a file next to the socket once the imports are done
+MODEL_BYTES = 2 << 30  # weights the host keeps loaded, newest first: the toy's and tiny's two iterations many times over
 
 
 def preload_modules() -> list[str]:
@@ -117,6 +124,7 @@ def _serve(address: str, parent_fd: int | None) -> None:
     if threading.active_count() != 1:  # a lock another Python thread holds at fork stays held in the worker
         raise SystemExit(f"taskhost: {threading.active_count()} Python threads after the imports; forking is unsafe")
     imported = _source_files()
+    models, worker_threads = _loaded_models()
     Path(address).with_name(READY).touch()
     signal.signal(signal.SIGCHLD, _reap)  # reaped here, so their CPU time counts as this process's children's
     signal.signal(signal.SIGTERM, _stop)
@@ -134,15 +142,46 @@ def _serve(address: str, parent_fd: int | None) -> None:
                 # a cold task would run the new code: so the task runs its stage itself
                 _refuse(conn, f"{changed} changed since the host imported it")
                 continue
+            if "preload" in request:
+                _preload(models, request["preload"])
             sys.stdout.flush()
             sys.stderr.flush()
             if os.fork() == 0:
                 listener.close()
-                _work(conn, request, fds)  # never returns
+                _work(conn, request, fds, models, worker_threads)  # never returns
             conn.close()
         finally:  # the worker has its own copies of the task's stdout and stderr
             for fd in fds:
                 os.close(fd)
+
+
+def _loaded_models():
+    """The host's store of loaded checkpoints, and torch's thread count for the workers: the host
+    itself runs torch on one thread from here on (see the module's docstring)."""
+    import torch
+
+    from ac2_core.models.store import LoadedModels
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    return LoadedModels(MODEL_BYTES), threads
+
+
+def _preload(models, preload: dict) -> None:
+    """Load the models a call names (``components.taskhost.call_or_run``). A model that fails to
+    load is left to the worker, which loads it itself and reports the error as the task's."""
+    from ac2_core import storage
+    from ac2_core.config import config_from_json
+
+    try:
+        cfg = config_from_json(Path(preload["config_path"]).read_text())
+        with storage.using(cfg.storage):
+            for uri, kind in preload["models"]:
+                t0 = time.perf_counter()
+                if models.preload(cfg, uri, kind):
+                    print(f"taskhost: loaded {kind} {uri} in {time.perf_counter() - t0:.2f}s", flush=True)
+    except Exception as e:  # noqa: BLE001 - the worker meets the same error, in the task's own output
+        print(f"taskhost: not preloaded ({type(e).__name__}: {e})", flush=True)
 
 
 def _refuse(conn: socket.socket, why: str) -> None:
@@ -205,11 +244,16 @@ def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(data), fds
 
 
-def _work(conn: socket.socket, request: dict, fds: list[int]) -> None:
-    """A worker: become the task's process (its output, environment and directory), run, reply, exit."""
+def _work(conn: socket.socket, request: dict, fds: list[int], models, threads: int) -> None:
+    """A worker: become the task's process (its output, environment and directory), run, reply, exit.
+    A call that named models to preload gets the host's loaded models as ``models``. Torch runs
+    ``threads`` threads, as in the host before it went down to one, until a stage's store sets its own."""
     status = 0
     try:
         conn.sendall(STARTED)
+        import torch
+
+        torch.set_num_threads(threads)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the stage may wait for its own subprocesses
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -220,7 +264,8 @@ def _work(conn: socket.socket, request: dict, fds: list[int]) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
-        reply = {"value": resolve(request["target"])(**request["kwargs"])}
+        extra = {"models": models} if "preload" in request else {}
+        reply = {"value": resolve(request["target"])(**request["kwargs"], **extra)}
     except BaseException as e:  # noqa: BLE001 - every failure goes back to the task
         traceback.print_exc()
         reply = {"error": {"type": type(e).__name__, "module": type(e).__module__, "message": str(e)}}

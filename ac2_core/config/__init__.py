@@ -51,6 +51,9 @@ class ModelConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="where models run: auto (cuda when this machine has it, else cpu), cpu, or cuda (an error without it)"
     )
+    threads: int | None = Field(
+        None, ge=1, description="torch CPU threads per process; unset: OMP_NUM_THREADS, else the CPUs it may use (threads.py)"
+    )
     trust_remote_code: bool = Field(False, description="allow model code from the checkpoint; off unless asked for")
 
     @model_validator(mode="after")
@@ -415,15 +418,15 @@ class StorageConfig(Section):
         return self
 
 
-# storage, cluster, tracking and model.device say where artifacts live, where stages run and where
-# figures are shown, not what they compute: not hashed. (One config serves a pipeline's GPU and CPU
-# tasks alike: device auto.) Nor do the process counts: N processes take the step one process takes
-# (the same weights up to float rounding).
+# storage, cluster, tracking, model.device and model.threads say where artifacts live, where and how
+# stages run and where figures are shown, not what they compute: not hashed. (One config serves a
+# pipeline's GPU and CPU tasks alike: device auto.) Nor do the process counts: N processes take the
+# step one process takes (the same weights up to float rounding).
 WHERE = {
     "storage": True,
     "cluster": True,
     "tracking": True,
-    "model": {"device"},
+    "model": {"device", "threads"},
     "training": {"num_processes", "launch"},
     "generation": {"num_processes", "launch"},
 }
@@ -508,7 +511,7 @@ class AC2Config(Section):
         """
         part = {
             "seed": self.seed,
-            "model": self.model.model_dump(mode="json", exclude={"device"}),
+            "model": self.model.model_dump(mode="json", exclude={"device", "threads"}),
             "task": self.task.model_dump(mode="json"),
             "warm_start": self.warm_start.model_dump(mode="json"),
             "critic_reading": [self.critic.read_steps, self.critic.read_lr, self.critic.max_input_tokens],

@@ -22,7 +22,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from ac2_core import launch, storage
+from ac2_core import launch, storage, threads
 from ac2_core.config import AC2Config, config_from_json, parallel
 from ac2_core.generation.hf import Sample
 from ac2_core.models.device import visible_gpus
@@ -76,9 +76,10 @@ def score(cfg: AC2Config, critic_uri: str, inputs: list[list[int]], *, pad_id: i
 def _run(cfg: AC2Config, role: str, job: dict) -> list:
     n = processes(cfg, role)
     devices = _devices(cfg, role, n)
+    each = threads.per_process(cfg.model.threads, n)
     with launch.scratch(role) as folder:
-        launch.write_spec(folder, job | {"config": cfg.to_json()})
-        launch.spawn(MODULE, folder, devices, n, what=f"{role} over {n} processes")
+        launch.write_spec(folder, job | {"config": launch.child_config(cfg, each)})
+        launch.spawn(MODULE, folder, devices, n, threads_each=each, what=f"{role} over {n} processes")
         return [launch.read_result(folder, rank) for rank in range(n)]
 
 

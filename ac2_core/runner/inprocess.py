@@ -56,7 +56,7 @@ class InProcess:
 
     def __init__(self, cfg: AC2Config, log: Log):
         self.store = ModelStore(cfg, keep_in_memory=True)
-        log(f"models on {self.store.device} (model.device {cfg.model.device})")
+        log(f"models on {self.store.device} (model.device {cfg.model.device}), {self.store.threads}")
 
     def bootstrap(self, cfg: AC2Config, layout: RunLayout, log: Log) -> None:
         run_bootstrap(cfg, layout, log)

@@ -20,7 +20,7 @@ import functools
 import sys
 from typing import TYPE_CHECKING
 
-from ac2_core import launch, storage
+from ac2_core import launch, storage, threads
 from ac2_core.config import AC2Config, config_from_json, parallel
 from ac2_core.storage import lineage
 
@@ -76,10 +76,12 @@ def run(cfg: AC2Config, stage: str, iteration: int, kwargs: dict, store=None) ->
     recorded = lineage.current()
     named = {k: entry["uri"] for k, entry in recorded["inputs"].items()} if recorded else None
     n = processes(cfg)
+    each = threads.per_process(cfg.model.threads, n)
     with launch.scratch(stage) as folder:
-        spec = {"stage": stage, "iteration": iteration, "kwargs": kwargs, "named": named, "config": cfg.to_json()}
+        config = launch.child_config(cfg, each)
+        spec = {"stage": stage, "iteration": iteration, "kwargs": kwargs, "named": named, "config": config}
         launch.write_spec(folder, spec)
-        launch.torchrun(MODULE, folder, n, what=f"{stage} over {n} processes")
+        launch.torchrun(MODULE, folder, n, threads_each=each, what=f"{stage} over {n} processes")
         return launch.read_result(folder, 0)
 
 

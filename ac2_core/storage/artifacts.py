@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ac2_core.schemas import SCHEMA_VERSION
@@ -106,17 +108,27 @@ def _publish_local(staging: Path, destination: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _publish_remote(t: Target, staging: Path, files: dict[str, dict], manifest_text: str) -> None:
+def _size(path: Path) -> int:
+    return path.stat().st_size
+
+
+def _publish_remote(t: Target, staging: Path, manifest: Callable[[dict[str, dict]], str]) -> None:
     # Object stores have no atomic directory rename: the manifest, written last, is the
     # commit point. The old manifest goes first, so no reader trusts a half-replaced set,
     # then every old object, so that a rerun leaves no file of the previous version behind.
-    _remove_remote(t)
-    uploads = [
-        lambda n=n: call(t, f"upload of {n}", "put_file", str(staging / n), join(t.path, n), nbytes=files[n]["bytes"])
-        for n in sorted(files)
-    ]
-    in_parallel(uploads, t.section.io_threads)
-    call(t, f"upload of {MANIFEST}", "pipe_file", join(t.path, MANIFEST), manifest_text.encode())
+    # The files are hashed while that removal and their uploads run (the staging folder no
+    # longer changes), so hashing adds no time of its own; ``manifest`` gets the hashes.
+    names = sorted(p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file())
+    with ThreadPoolExecutor(max_workers=max(1, min(t.section.io_threads, os.cpu_count() or 1))) as hashing:
+        hashes = [hashing.submit(sha256_file, staging / n) for n in names]
+        _remove_remote(t)
+        uploads = [
+            lambda n=n: call(t, f"upload of {n}", "put_file", str(staging / n), join(t.path, n), nbytes=_size(staging / n))
+            for n in names
+        ]
+        in_parallel(uploads, t.section.io_threads)
+        files = dict(zip(names, (h.result() for h in hashes)))
+    call(t, f"upload of {MANIFEST}", "pipe_file", join(t.path, MANIFEST), manifest(files).encode())
 
 
 @contextlib.contextmanager
@@ -139,13 +151,16 @@ def publish_dir(
         yield staging
         if (staging / MANIFEST).exists():
             raise ArtifactError(f"{uri}: the writer must not create {MANIFEST} itself")
-        files = _describe(staging, t.section.io_threads)
-        manifest = Manifest(kind, stage, config_hash, SCHEMA_VERSION, rows, files, lineage or lineage_.current())
+        recorded = lineage or lineage_.current()
         if parent is not None:
+            files = _describe(staging, t.section.io_threads)
+            manifest = Manifest(kind, stage, config_hash, SCHEMA_VERSION, rows, files, recorded)
             (staging / MANIFEST).write_text(manifest.to_json())
             _publish_local(staging, Path(t.path))
         else:
-            _publish_remote(t, staging, files, manifest.to_json())
+            _publish_remote(
+                t, staging, lambda files: Manifest(kind, stage, config_hash, SCHEMA_VERSION, rows, files, recorded).to_json()
+            )
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

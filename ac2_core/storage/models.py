@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import os
 import shutil
 import tempfile
 from pathlib import Path
+
+from fsspec.asyn import AsyncFileSystem, sync
 
 from ac2_core.storage.artifacts import mismatch, read_manifest, sha256_file
 from ac2_core.storage.leftovers import DOWNLOAD, staging_prefix
@@ -24,16 +28,56 @@ def _refuse_pickle(files: list[str], uri: str) -> None:
         raise ArtifactError(f"{uri}: no .safetensors weights in this model directory")
 
 
+CHUNK = 1 << 22  # bytes hashed and written at a time while the next ones arrive
+
+
 def _download_verified(t: Target, name: str, expected: dict, dest: Path) -> None:
+    """Download one file and check it against the manifest: hashed as it arrives where the file
+    system streams (s3fs), so that no second pass over the file follows the transfer."""
     dest.parent.mkdir(parents=True, exist_ok=True)
+    size = expected.get("bytes", 0)
     try:
-        size = expected.get("bytes", 0)
-        call(t, f"download of {name}", "get_file", join(t.path, name), str(dest), nbytes=size, missing_ok=True)
+        if isinstance(t.fs, AsyncFileSystem) and hasattr(t.fs, "open_async"):
+            digest = call(t, f"download of {name}", _get_hashed, t.fs, join(t.path, name), dest, nbytes=size, missing_ok=True)
+        else:
+            call(t, f"download of {name}", "get_file", join(t.path, name), str(dest), nbytes=size, missing_ok=True)
+            digest = sha256_file(dest)["sha256"]
     except FileNotFoundError:
         raise ArtifactError(f"{t.uri}: {name} is listed in the manifest but missing") from None
-    got = sha256_file(dest)
-    if got["sha256"] != expected["sha256"]:
-        raise mismatch(t.uri, name, got["sha256"], expected)
+    if digest != expected["sha256"]:
+        raise mismatch(t.uri, name, digest, expected)
+
+
+def _get_hashed(fs: AsyncFileSystem, path: str, dest: Path, timeout: float | None = None) -> str:
+    """One attempt: stream ``path`` into ``dest`` (written afresh) and return the sha256 of what was written."""
+    return sync(fs.loop, _stream_hashed, fs, path, dest, timeout=timeout)
+
+
+async def _stream_hashed(fs: AsyncFileSystem, path: str, dest: Path) -> str:
+    # one GET; each chunk is hashed and written on a thread while the next one arrives
+    h = hashlib.sha256()
+    loop = asyncio.get_running_loop()
+    src = await fs.open_async(path, "rb")
+    with open(dest, "wb") as out:
+
+        def absorb(data: bytes) -> None:
+            h.update(data)
+            out.write(data)
+
+        pending, buf = None, bytearray()
+        while True:
+            chunk = await src.read(CHUNK)
+            buf += chunk
+            if buf and (len(buf) >= CHUNK or not chunk):
+                if pending is not None:
+                    await pending
+                pending = loop.run_in_executor(None, absorb, bytes(buf))
+                buf = bytearray()
+            if not chunk:
+                break
+        if pending is not None:
+            await pending
+    return h.hexdigest()
 
 
 def _verify_in_place(uri: str, path: str, files: dict[str, dict]) -> Path:

@@ -67,10 +67,11 @@ def _why(err: BaseException) -> str:
 _STALL_BYTES_PER_SECOND = 1 << 20
 
 
-def call(t: Target, what: str, method: str, *args, nbytes: int = 0, missing_ok: bool = False, **kwargs):
+def call(t: Target, what: str, method: str | Callable, *args, nbytes: int = 0, missing_ok: bool = False, **kwargs):
     """``t.fs.<method>(*args)`` with bounded retries; any failure becomes an ArtifactError
-    naming the URI, except FileNotFoundError where the caller handles it (``missing_ok``)."""
-    fn = getattr(t.fs, method)
+    naming the URI, except FileNotFoundError where the caller handles it (``missing_ok``).
+    ``method`` may be a function of its own (one attempt; it takes ``timeout`` on an async file system)."""
+    fn = getattr(t.fs, method) if isinstance(method, str) else method
     if t.local:
         return fn(*args, **kwargs)
     s = t.section

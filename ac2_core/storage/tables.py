@@ -72,6 +72,21 @@ def write_table(uri: str, table: pa.Table, *, kind: str, stage: str, config_hash
     return read_manifest(uri)
 
 
+def _arrow_owned(data: bytes) -> pa.Buffer:
+    """``data`` copied into memory that Arrow allocated, for Arrow to read.
+
+    Arrow's reading threads hold slices of the buffer they read and may drop the last one after
+    ``read`` has returned. Freeing a buffer over a Python object takes the GIL, and Python ends a
+    thread that asks for it while the interpreter finalizes (``pthread_exit``), here inside a
+    noexcept destructor: the process aborts once its work is done ("terminate called without an
+    active exception", rc 134; kfp.local's evaluate task reads two tables just before it exits).
+    Arrow frees its own memory without the GIL. The copy costs less than the hash already taken.
+    """
+    buffer = pa.allocate_buffer(len(data))
+    memoryview(buffer).cast("B")[:] = data
+    return buffer
+
+
 def read_table(uri: str, *, kind: str) -> pa.Table:
     """Read a published table, verifying its manifest, hash, schema and row count."""
     manifest = read_manifest(uri)
@@ -85,7 +100,7 @@ def read_table(uri: str, *, kind: str) -> pa.Table:
     try:
         # one file: ParquetFile reads it without pq.read_table's dataset layer, which imports
         # pandas (about 0.3 s of CPU in every fresh KFP task); the table is the same
-        table = pq.ParquetFile(pa.BufferReader(data)).read()
+        table = pq.ParquetFile(pa.BufferReader(_arrow_owned(data))).read()
     except Exception as e:  # noqa: BLE001 - whatever the bytes make Arrow raise, it is this artifact's flaw
         raise ArtifactError(f"{uri}: {DATA} is not a readable Parquet file ({type(e).__name__}: {e})") from None
     try:

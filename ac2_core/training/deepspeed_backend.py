@@ -29,6 +29,14 @@
   every step; with one process there is nothing to shard anyway.
 - ZeRO stage 0 runs in one process only: its gradient norm is not the group's
   (``training.zero_stage``; the torch backend is the replicated data parallelism).
+- DeepSpeed compiles its CPU communication op (``deepspeed_shm_comm``) with torch's JIT
+  extension loader when a process first sets up its communication. torch guards a build
+  folder with a lock file that only the building process removes: a build killed halfway
+  (a launched rank dies with its stage, ``ac2_core.launch``) leaves it, and every later
+  process waits for it forever, asleep. ``build_ops`` builds the op first, in a folder of
+  this Python environment's own (torch's default one is shared by all of a user's
+  environments, which rebuild it in turn), under a lock that the kernel drops however its
+  holder ends; holding that, a lock file of torch's can only be a killed build's.
 """
 
 from __future__ import annotations
@@ -36,9 +44,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 import copy
+import fcntl
+import hashlib
 import json
 import os
 import socket
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -69,9 +80,48 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+EXTENSIONS = "TORCH_EXTENSIONS_DIR"  # where torch's JIT loader builds (read when it builds; launched processes inherit it)
+BUILD_LOCK = "ac2-build.lock"  # held (flock) while an op is built in ``extensions_dir``
+
+
+def extensions_dir() -> Path:
+    """This Python environment's folder for torch's JIT-built extensions: ``ac2-<hash of sys.prefix>``
+    under ``TORCH_EXTENSIONS_DIR`` if set, else under torch's default folder."""
+    name = f"ac2-{hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]}"
+    base = os.environ.get(EXTENSIONS)
+    if base and Path(base).name == name:  # set by the process that launched this one
+        return Path(base)
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return Path(base or get_default_build_root()) / name
+
+
+def build_ops() -> None:
+    """Build (or find built) DeepSpeed's CPU communication op before DeepSpeed asks for it, in
+    ``extensions_dir``, one process at a time; DeepSpeed then takes it from its cache of loaded ops.
+
+    The lock (``flock``) goes with its holder, however that ends. Every build in the folder
+    happens under it, so a lock file of torch's found while holding it is a killed build's.
+    """
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.comm.torch import build_shm_op
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is None:  # an accelerator without it: DeepSpeed builds nothing either
+        return
+    folder = extensions_dir()
+    os.environ[EXTENSIONS] = str(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / BUILD_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed, or its process ends
+        (folder / builder.name / "lock").unlink(missing_ok=True)
+        build_shm_op()  # what DeepSpeed's communication setup calls: the same op, or None where it takes none
+
+
 def init_distributed() -> None:
     """A process group for DeepSpeed: the launcher's, or a single-process one."""
     deepspeed = _import_deepspeed()
+    build_ops()  # before DeepSpeed's communication setup (here, or deepspeed.initialize in a launched group)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return
     # Launched by hand (a stage, a test): this process is the whole world.

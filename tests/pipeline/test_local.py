@@ -291,3 +291,12 @@ def test_the_warm_starts_progress_in_a_task_log_reaches_the_console(tmp_path):
     ]
     log = (tmp_path / "bootstrap.log").read_text()
     assert log.count("    warm start") == 3 and "progress:" not in log
+
+
+def test_the_task_host_builds_each_model_once_for_all_the_tasks_that_read_it(kfp_run):
+    # 2 iterations: the bootstrap's actor and critic, then each iteration's new ones (evaluate reads both first);
+    # generate_chunks, score_chunks, update_actor and update_critic of the next iteration load nothing
+    _, out, _, _ = kfp_run
+    log = (out / "kfp" / "logs" / "taskhost.log").read_text().splitlines()
+    loaded = [line.split()[2] for line in log if line.startswith("taskhost: loaded ")]
+    assert loaded == ["actor", "critic"] * 3

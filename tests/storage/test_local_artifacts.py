@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -27,8 +28,10 @@ from ac2_core.storage import (
     read_rows,
     read_table,
     table_from_rows,
+    tables,
     write_table,
 )
+from ac2_core.storage.artifacts import verified_bytes
 
 CFG_HASH = "cfg-0"
 
@@ -95,6 +98,37 @@ def test_table_round_trip_keeps_rows_and_manifest(tmp_path):
     data = (tmp_path / "it-2" / "critic_pairs" / "data.parquet").read_bytes()
     assert manifest.files["data.parquet"] == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
     assert sorted(p.name for p in Path(uri).iterdir()) == ["data.parquet", "manifest.json"]
+
+
+def test_arrow_reads_a_table_from_memory_of_its_own(tmp_path, monkeypatch):
+    """Arrow's reading threads may drop the last view of the file's bytes after ``read`` has returned.
+    Over Python memory that takes the GIL, and a thread that asks for it while the interpreter
+    finalizes aborts the process (rc 134 at the end of kfp.local's evaluate task). So no Arrow
+    object views the bytes fetched from storage: a bytearray that something views cannot grow."""
+    uri = str(tmp_path / "critic_pairs")
+    _write_pairs(uri)
+    fetched, viewed = [], []
+
+    def fetch(*args):
+        fetched.append(bytearray(verified_bytes(*args)))
+        return fetched[-1]
+
+    class ViewCheckingParquetFile(pq.ParquetFile):
+        def read(self, *args, **kwargs):
+            table = super().read(*args, **kwargs)
+            try:  # with this reader still alive
+                fetched[-1].append(0)
+            except BufferError:
+                viewed.append(True)
+            else:
+                viewed.append(False)
+                del fetched[-1][-1]
+            return table
+
+    monkeypatch.setattr(tables, "verified_bytes", fetch)
+    monkeypatch.setattr(pq, "ParquetFile", ViewCheckingParquetFile)
+    assert read_rows(uri, kind="critic_pairs") == _pairs()
+    assert viewed == [False], "Arrow read the table through a view of the Python bytes"
 
 
 def test_empty_metrics_table_round_trips(tmp_path):

@@ -8,6 +8,7 @@ artifacts written before it readable.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 
@@ -113,6 +114,33 @@ def test_model_directory_round_trips_through_the_parallel_download(s3, tmp_path)
     assert (folder / "config.json").stat().st_mtime_ns == stamp
     with pytest.raises(ArtifactError, match="expected a critic model, found a actor artifact"):
         storage.local_model_dir(uri, kind="critic", cache_dir=str(tmp_path))
+
+
+def test_model_files_are_hashed_in_the_transfer_not_in_a_pass_of_their_own(s3, tmp_path, monkeypatch):
+    # uploads hash beside the transfer (the manifest still lists the sha256 of what the server holds);
+    # downloads hash as the bytes arrive, with no pass over the file after it, and still refuse a changed file
+    from ac2_core.storage import models
+
+    shards = {"model.safetensors": 300_000, "optimizer.safetensors": 600_000}  # several chunks each
+    uri = s3.uri("actor")
+    _publish_model(uri, shards, {"config.json": b"{}"})
+    manifest = storage.read_manifest(uri)
+    fs = s3.server.client()
+    for name, entry in manifest.files.items():
+        assert entry["sha256"] == hashlib.sha256(fs.cat_file(f"{_key(uri)}/{name}")).hexdigest(), name
+
+    def no_second_pass(path):
+        raise AssertionError(f"{path} hashed apart from its download")
+
+    monkeypatch.setattr(models, "sha256_file", no_second_pass)
+    folder = storage.local_model_dir(uri, kind="actor", cache_dir=str(tmp_path / "a"))
+    for name in manifest.files:
+        assert (folder / name).read_bytes() == fs.cat_file(f"{_key(uri)}/{name}"), name
+    data = bytearray(fs.cat_file(f"{_key(uri)}/optimizer.safetensors"))
+    data[-1] ^= 1
+    fs.pipe_file(f"{_key(uri)}/optimizer.safetensors", bytes(data))
+    with pytest.raises(ArtifactError, match=f"{uri}: optimizer.safetensors does not match its manifest"):
+        storage.local_model_dir(uri, kind="actor", cache_dir=str(tmp_path / "b"))
 
 
 def test_download_cache_keeps_only_the_most_recently_used_checkpoints(s3, tmp_path):
