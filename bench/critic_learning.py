@@ -97,6 +97,7 @@ CONDITIONS: dict[str, Condition] = {
         dense=True, lr=3e-4, read_steps=1000, read_on="slipdemos", prefit_steps=500, use_reference=False
     ),
     "readslip500_dense": Condition(dense=True, lr=3e-4, read_steps=500, read_on="slipdemos"),
+    "readslip500_dense_noref": Condition(dense=True, lr=3e-4, read_steps=500, read_on="slipdemos", use_reference=False),
     "readslip500_dense_aux": Condition(
         dense=True, lr=3e-4, read_steps=500, read_on="slipdemos", aux_lm=1.0, note="keeps reading while it fits V"
     ),
