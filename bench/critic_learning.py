@@ -487,21 +487,26 @@ def summarize(values, outcomes, depth, has_ref, chunk: int) -> dict:
     }
 
 
+def token_losses(model, prefix: list[int], response: list[int]):
+    """The next-token loss of each token of ``response`` read after ``prefix``: (len(response),)."""
+    import torch
+
+    device = next(model.parameters()).device
+    ids = torch.tensor([prefix + response], device=device)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
+    return -logp[torch.arange(ids.shape[1] - 1, device=device), ids[0, 1:]][len(prefix) - 1 :].cpu()
+
+
 def answer_surprise(tok, model, answers: list[Answer], with_reference: bool) -> list:
     """Per answer, the next-token loss of each of its tokens under ``model``: in the critic's
     layout (problem, reference, answer) or, without the reference, in the actor's own."""
-    import torch
-
     ref_id, state_id = tok.convert_tokens_to_ids("<|ref|>"), tok.convert_tokens_to_ids("<|state|>")
-    device = next(model.parameters()).device
-    out = []
-    with torch.no_grad():
-        for a in answers:
-            head = a.prompt + ([ref_id] + a.ref if a.ref else []) + [state_id] if with_reference else a.prompt
-            ids = torch.tensor([head + a.response], device=device)
-            logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
-            out.append(-logp[torch.arange(ids.shape[1] - 1, device=device), ids[0, 1:]][len(head) - 1 :].cpu())
-    return out
+
+    def head(a: Answer) -> list[int]:
+        return a.prompt + ([ref_id] + a.ref if a.ref else []) + [state_id] if with_reference else a.prompt
+
+    return [token_losses(model, head(a), a.response) for a in answers]
 
 
 def surprise_predictor(cfg, sources: list[tuple[list, list]], train: list[Answer], heldout: list[Answer]) -> dict:
@@ -576,24 +581,14 @@ def ceiling(cfg, tok, train: list[Answer], heldout: list[Answer]) -> dict[str, d
 def layout_nll(tok, model, heldout: list[Answer], n: int = 256) -> dict[str, float]:
     """The backbone's next-token loss on held-out answers (with a reference) in the actor's
     layout and in the critic's: how much of what the actor computes survives the critic's input."""
-    import torch
-
     ref_id, state_id = tok.convert_tokens_to_ids("<|ref|>"), tok.convert_tokens_to_ids("<|state|>")
     heads = {
         "actor: prompt answer": lambda a: a.prompt,
         "critic: prompt <|ref|> reference <|state|> answer": lambda a: a.prompt + [ref_id] + a.ref + [state_id],
         "critic without reference: prompt <|state|> answer": lambda a: a.prompt + [state_id],
     }
-    losses: dict[str, list[float]] = {name: [] for name in heads}
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        for a in [a for a in heldout if a.ref is not None][:n]:
-            for name, head in heads.items():
-                prefix = head(a)
-                ids = torch.tensor([prefix + a.response], device=device)
-                logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
-                picked = logp[torch.arange(ids.shape[1] - 1, device=device), ids[0, 1:]][len(prefix) - 1 :]
-                losses[name].append(-picked.mean().item())
+    shown = [a for a in heldout if a.ref is not None][:n]
+    losses = {name: [token_losses(model, head(a), a.response).mean().item() for a in shown] for name, head in heads.items()}
     return {name: statistics.fmean(v) for name, v in losses.items()}
 
 
