@@ -700,7 +700,9 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the critics train (data is made on the cpu)")
-    p.add_argument("--records", help="records file (default: records.jsonl under --out)")
+    p.add_argument(
+        "--records", help="records file to append to (default: records.jsonl under --out); the report reads every *.jsonl there"
+    )
     p.add_argument("--report-only", action="store_true", help="rebuild the report from the records and stop")
     args = p.parse_args(argv)
     args.set = [(k, _value(v)) for k, v in args.set]
@@ -740,7 +742,7 @@ def main(argv=None) -> None:
     reproduce = "nice .venv/bin/python bench/critic_learning.py --conditions " + " ".join(args.conditions)
 
     def publish_report() -> None:
-        records = [json.loads(line) for line in records_path.read_text().splitlines() if line.strip()]
+        records = load_records(records_path.parent)
         text = report(records, meta, reproduce)
         kept = RESULTS.read_text().split(MARKER, 1)[1] if RESULTS.exists() and MARKER in RESULTS.read_text() else "\n"
         publish(text.rstrip("\n") + kept, RESULTS)
@@ -763,6 +765,13 @@ def main(argv=None) -> None:
                 records_path, {"condition": name, "batch": args.batch, "device": args.device, "load": os.getloadavg()[0], **row}
             )
         publish_report()
+
+
+def load_records(folder: Path) -> list[dict]:
+    """Every record of every ``*.jsonl`` in ``folder``, oldest file first: the report keeps the
+    last row of each (condition, steps), so a newer run's row wins and runs kept apart meet."""
+    files = sorted(folder.glob("*.jsonl"), key=lambda f: f.stat().st_mtime)
+    return [json.loads(line) for f in files for line in f.read_text().splitlines() if line.strip()]
 
 
 def _append(path: Path, record: dict) -> None:
