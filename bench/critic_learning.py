@@ -64,6 +64,10 @@ class Condition:
     prefit_steps: int = 0  # steps of a dense value fit on graded slipped demonstrations (no decoding) before the answers
     prefit_slip: float = 0.1  # their slip rate a step; the reference shown is the worked solution
     aux_lm: float = 0.0  # weight of a next-token loss on the answer, in the critic's layout, beside the value loss
+    train_backbone: bool = True  # false: the value fit trains the head alone (critic.train_backbone)
+    surprise: bool = (
+        False  # the library's critic with surprise (critic.surprise): the value head also reads the answer's surprise
+    )
     answers: int | None = None  # fit the value on the first this many training answers (None: all)
     backbone: str = "actor"  # actor: the warm-started actor's; bootstrap: the bootstrap's critic (critic.read_steps)
     note: str = ""
@@ -105,6 +109,32 @@ CONDITIONS: dict[str, Condition] = {
         dense=True, lr=3e-4, read_steps=500, read_on="slipdemos", aux_lm=1.0, use_reference=False
     ),
     "dense_aux": Condition(dense=True, lr=3e-4, aux_lm=1.0),
+    "surprise_readslip500_dense": Condition(
+        dense=True,
+        lr=3e-4,
+        read_steps=500,
+        read_on="slipdemos",
+        surprise=True,
+        note="reads its own surprise beside the hidden state",
+    ),
+    "surprise_readslip500_dense_noref": Condition(
+        dense=True, lr=3e-4, read_steps=500, read_on="slipdemos", surprise=True, use_reference=False
+    ),
+    "surprise_frozen_readslip500_dense": Condition(
+        dense=True,
+        lr=3e-4,
+        read_steps=500,
+        read_on="slipdemos",
+        surprise=True,
+        train_backbone=False,
+        note="trains the head alone",
+    ),
+    "surprise_frozen_readslip500_dense_noref": Condition(
+        dense=True, lr=3e-4, read_steps=500, read_on="slipdemos", surprise=True, train_backbone=False, use_reference=False
+    ),
+    "frozen_readslip500_dense": Condition(dense=True, lr=3e-4, read_steps=500, read_on="slipdemos", train_backbone=False),
+    "surprise_dense": Condition(dense=True, lr=3e-4, surprise=True, note="the actor's backbone, no reading"),
+    "surprise_dense_noref": Condition(dense=True, lr=3e-4, surprise=True, use_reference=False),
     "bootstrap_dense": Condition(dense=True, lr=3e-4, backbone="bootstrap", note="the bootstrap's critic (it read)"),
     "bootstrap_dense_noref": Condition(dense=True, lr=3e-4, backbone="bootstrap", use_reference=False),
 }
@@ -290,7 +320,8 @@ def make_critic(cfg, actor, tok, answers: list[Answer], cond: Condition, seed: i
     backbone_src = actor
     if cond.read_steps:
         backbone_src = read_backbone(cfg, actor, tok, answers, cond, seed, cache)
-    return Critic.from_actor(backbone_src, seed=seed).train().to(torch.float32)
+    state_id = tok.convert_tokens_to_ids("<|state|>") if cond.surprise else None
+    return Critic.from_actor(backbone_src, seed=seed, state_id=state_id).train().to(torch.float32)
 
 
 def read_backbone(cfg, actor, tok, answers: list[Answer], cond: Condition, seed: int, cache: Path):
@@ -384,8 +415,11 @@ def fit_step(cfg, critic, opt, batch, pad_id: int, lm_head=None, aux_lm: float =
     from ac2_core.math import critic_bce_loss
 
     ids, mask = batch_tensors([x for x, _, _ in batch], pad_id, critic.value_head.weight.device)
-    hidden = critic._hidden(ids, mask)
-    logits = critic._head(hidden)
+    if lm_head is None:
+        logits = critic(ids, mask, every_position=True)
+    else:
+        hidden = critic._hidden(ids, mask)
+        logits = critic._head(hidden)
     rows = torch.tensor([i for i, (_, pos, _) in enumerate(batch) for _ in pos], device=logits.device)
     cols = torch.tensor([c for _, pos, _ in batch for c in pos], device=logits.device)
     targets = torch.tensor([y for _, pos, y in batch for _ in pos], dtype=torch.float32, device=logits.device)
@@ -417,7 +451,9 @@ def train_and_score(cfg, tok, actor, train: list[Answer], heldout: list[Answer],
     )
     data = examples(cfg, tok, train[: cond.answers], cond)
     lm_head = copy.deepcopy(actor.lm_head).float() if cond.aux_lm else None  # trained with the critic
-    params = list(critic.parameters()) + (list(lm_head.parameters()) if lm_head is not None else [])
+    if not cond.train_backbone:
+        critic.backbone.requires_grad_(False)
+    params = [p for p in critic.parameters() if p.requires_grad] + (list(lm_head.parameters()) if lm_head is not None else [])
     opt = torch.optim.AdamW(params, lr=cond.lr)
     fit = lambda batch: fit_step(cfg, critic, opt, batch, tok.pad_token_id, lm_head, cond.aux_lm)  # noqa: E731
     rng = np.random.default_rng(args.seed)
@@ -675,6 +711,10 @@ def describe(c: Condition) -> str:
     parts = ["dense" if c.dense else "cuts", f"lr {c.lr:g}", "ref" if c.use_reference else "no ref"]
     if c.read_steps:
         parts.append(f"reads {c.read_steps} steps on {c.read_on}")
+    if c.surprise:
+        parts.append("reads its surprise (largest and mean next-token loss so far)")
+    if not c.train_backbone:
+        parts.append("trains the head alone")
     if c.aux_lm:
         parts.append(f"next-token loss on the answer beside V (weight {c.aux_lm:g})")
     if c.prefit_steps:

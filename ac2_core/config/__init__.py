@@ -308,6 +308,16 @@ class CriticConfig(Section):
         " demonstration continued under another of the same problem); 0: none, as for a pretrained critic",
     )
     read_lr: float = Field(1e-3, gt=0, description="AdamW learning rate of the reading steps (cosine to a tenth)")
+    surprise: bool = Field(
+        False,
+        description="the value head also reads the partial answer's surprise: the running largest and mean next-token"
+        " loss of its tokens under the critic's own next-token head, given the problem and the reference",
+    )
+    train_backbone: bool = Field(
+        True,
+        description="update_critic trains the backbone with the value head; false trains the head alone (the backbone"
+        " stays as the bootstrap made it, so a critic with surprise keeps the next-token head it reads in step with it)",
+    )
     warmup_iterations: int = Field(0, ge=0, description="first iterations in full mode only, to fit the critic")
     use_reference: bool = Field(True, description="show the critic a reference solution from replay")
     max_input_tokens: int = Field(384, ge=16, description="critic input cap; the partial answer is cut from its start")
@@ -317,6 +327,15 @@ class CriticConfig(Section):
         description="critic scoring in score_chunks: hf (batched forward) or vllm (a pooling engine on the critic's"
         " backbone; faster per token, but an engine start per process: bench/results/critic_scoring.md)",
     )
+
+    @model_validator(mode="after")
+    def _surprise_scores_in_torch(self) -> CriticConfig:
+        if self.surprise and self.scoring_backend == "vllm":
+            raise ValueError(
+                "surprise reads the critic's next-token head, which the vllm pooling engine does not run;"
+                " set scoring_backend hf or surprise false"
+            )
+        return self
 
 
 class GenerationConfig(Section):
@@ -514,7 +533,9 @@ class AC2Config(Section):
             "model": self.model.model_dump(mode="json", exclude={"device", "threads"}),
             "task": self.task.model_dump(mode="json"),
             "warm_start": self.warm_start.model_dump(mode="json"),
-            "critic_reading": [self.critic.read_steps, self.critic.read_lr, self.critic.max_input_tokens],
+            # a critic with surprise starts with a next-token head; the others hash as they always did
+            "critic_reading": [self.critic.read_steps, self.critic.read_lr, self.critic.max_input_tokens]
+            + (["surprise"] if self.critic.surprise else []),
             "eval": self.eval.model_dump(mode="json"),
             "sampling": [self.rollout.max_response_tokens, self.rollout.temperature],
         }

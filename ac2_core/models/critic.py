@@ -3,10 +3,18 @@
 Its input is problem + reference solution (if any) + partial answer, built by
 ``build_critic_input`` (docs/design.md section 2, step 6).
 
+A critic *with surprise* (``critic.surprise``) keeps the backbone's next-token head too. In
+the same pass it reads how unlikely each written token of the partial answer was, given the
+problem and the reference before it, and the value head sees the running largest and mean
+of that loss beside the hidden state. A slip is a token the reference-conditioned model did
+not expect: the evidence a grader looks at, which a value head fitted from scalar outcomes
+would otherwise have to rediscover (docs/algorithm.md, research log section 7).
+
 On disk a critic is an HF-style directory::
 
     config.json, model.safetensors   the backbone (``save_pretrained``)
     value_head.safetensors           the scalar head
+    lm_head.safetensors              the next-token head (critics with surprise only)
     critic.json                      small metadata
     tokenizer.json, ...              the tokenizer
 """
@@ -25,34 +33,66 @@ from transformers import AutoModel, PreTrainedModel, PreTrainedTokenizerBase
 from ac2_core.models.hf import ATTN_IMPLEMENTATION, check_safetensors_dir, from_local, load_tokenizer
 
 HEAD_FILE = "value_head.safetensors"
+LM_HEAD_FILE = "lm_head.safetensors"
 META_FILE = "critic.json"
 FORMAT = "ac2-critic"
 FORMAT_VERSION = 1
 
+SURPRISE_FEATURES = 3  # the running largest and mean next-token loss of the partial answer, and log(1 + its length)
+# The features enter the head multiplied by this gain: Adam moves each weight by about lr a
+# step, so a handful of weights on O(1) features would take thousands of steps to reach the
+# scale of a fitted logistic (~1 a nat); the gain lets them learn at lr * gain.
+SURPRISE_GAIN = 32.0
+
 
 class Critic(nn.Module):
-    """``forward`` gives logits ``(B,)``; ``values`` gives ``V = sigmoid(logits)`` in (0, 1)."""
+    """``forward`` gives logits ``(B,)``; ``values`` gives ``V = sigmoid(logits)`` in (0, 1).
 
-    def __init__(self, backbone: PreTrainedModel, value_head: nn.Linear):
+    With ``lm_head`` (and ``state_id``, the token that opens the partial answer) the value head
+    reads ``[hidden state, surprise features]``: see the module docstring.
+    """
+
+    def __init__(
+        self, backbone: PreTrainedModel, value_head: nn.Linear, *, lm_head: nn.Linear | None = None, state_id: int | None = None
+    ):
         super().__init__()
+        if (lm_head is None) != (state_id is None):
+            raise ValueError("a critic with surprise needs both lm_head and state_id")
+        hidden = backbone.config.hidden_size
+        expected = hidden + (SURPRISE_FEATURES if lm_head is not None else 0)
+        if value_head.in_features != expected:
+            raise ValueError(f"value head takes {value_head.in_features} inputs; this critic gives it {expected}")
         self.backbone = backbone
         # Kept in float32 whatever the backbone's dtype: one matmul, and V near 0 or 1
         # needs the precision.
         self.value_head = value_head.to(device=backbone.device, dtype=torch.float32)
+        self.lm_head = None if lm_head is None else lm_head.to(device=backbone.device, dtype=backbone.dtype)
+        if self.lm_head is not None:
+            self.lm_head.requires_grad_(False)  # read, never trained: the value loss does not reach it
+        self.state_id = state_id
+
+    @property
+    def surprise(self) -> bool:
+        return self.lm_head is not None
 
     @classmethod
-    def from_actor(cls, actor: PreTrainedModel, *, seed: int) -> Critic:
-        """A critic whose backbone is a copy of ``actor``'s; the actor is left untouched."""
+    def from_actor(cls, actor: PreTrainedModel, *, seed: int, state_id: int | None = None) -> Critic:
+        """A critic whose backbone is a copy of ``actor``'s; the actor is left untouched.
+
+        With ``state_id`` it is a critic with surprise, and keeps a copy of the actor's next-token head.
+        """
         backbone = copy.deepcopy(actor.base_model)
+        lm_head = None if state_id is None else copy.deepcopy(actor.get_output_embeddings())
+        width = backbone.config.hidden_size + (SURPRISE_FEATURES if state_id is not None else 0)
         with torch.random.fork_rng(devices=[]):  # leave the global RNG as it was
             torch.manual_seed(seed)
-            head = nn.Linear(backbone.config.hidden_size, 1)
+            head = nn.Linear(width, 1)
         # Zero head: V = 0.5 on every input at first, an honest "don't know". A random
         # head would give input-dependent values that readiness would take for real
         # predictions. The weight still gets gradient (BCE grad times hidden state).
         nn.init.zeros_(head.weight)
         nn.init.zeros_(head.bias)
-        return cls(backbone, head).eval()
+        return cls(backbone, head, lm_head=lm_head, state_id=state_id).eval()
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, every_position: bool = False) -> torch.Tensor:
         """input_ids, attention_mask: (B, T); left or right padded. Returns logits: (B,) float32,
@@ -63,6 +103,8 @@ class Critic(nn.Module):
         pass scores every state along an answer.
         """
         hidden = self._hidden(input_ids, attention_mask)  # (B, T, H)
+        if self.surprise:
+            hidden = torch.cat([hidden.float(), self._surprise(hidden, input_ids, attention_mask)], dim=-1)
         if every_position:
             if bool(attention_mask[:, 0].eq(0).any()):
                 raise ValueError("every_position needs right-padded inputs: a row starts with padding")
@@ -70,6 +112,31 @@ class Critic(nn.Module):
         T = attention_mask.shape[1]
         last = T - 1 - attention_mask.flip(dims=[1]).long().argmax(dim=1)  # (B,) last attended index
         return self._head(hidden[torch.arange(hidden.shape[0], device=hidden.device), last])
+
+    @torch.no_grad()
+    def _surprise(self, hidden: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """(B, T, SURPRISE_FEATURES) float32, times ``SURPRISE_GAIN``: at position ``t``, over the
+        answer tokens up to ``t`` (those after the row's ``state_id``), the largest and the mean
+        next-token loss, and log(1 + their number); zeros up to the ``state_id`` itself.
+
+        Computed without gradient: the value fit reads the next-token head, it does not train it
+        to be surprised.
+        """
+        is_state = input_ids.eq(self.state_id) & attention_mask.bool()
+        if not bool(is_state.any(dim=1).all()):
+            raise ValueError(f"a critic with surprise needs the state separator (token {self.state_id}) in every input row")
+        start = is_state.long().argmax(dim=1, keepdim=True)  # (B, 1): the first separator
+        pos = torch.arange(input_ids.shape[1], device=input_ids.device)[None]  # (1, T)
+        logp = torch.log_softmax(self.lm_head(hidden[:, :-1]).float(), dim=-1)  # (B, T-1, V): predicts tokens 1..T-1
+        nll = -logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
+        nll = torch.cat([torch.zeros_like(nll[:, :1]), nll], dim=1)  # (B, T): the loss of token t at t
+        written = (pos > start) & attention_mask.bool()  # the answer's tokens
+        nll = nll * written
+        count = written.long().cumsum(dim=1)  # answer tokens up to t
+        largest = torch.cummax(nll, dim=1).values  # losses are >= 0, so masked zeros never win
+        mean = nll.cumsum(dim=1) / count.clamp(min=1)
+        features = torch.stack([largest, mean, torch.log1p(count.float())], dim=-1)
+        return features * SURPRISE_GAIN
 
     def _hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         if attention_mask.ndim != 2 or attention_mask.shape != input_ids.shape:
@@ -103,13 +170,17 @@ class Critic(nn.Module):
         self.backbone.save_pretrained(path)
         state = {name: t.detach().contiguous().cpu() for name, t in self.value_head.state_dict().items()}
         save_file(state, str(path / HEAD_FILE))
+        if self.surprise:
+            save_file({"weight": self.lm_head.weight.detach().contiguous().cpu()}, str(path / LM_HEAD_FILE))
         meta = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
-            "hidden_size": self.value_head.in_features,
+            "hidden_size": self.backbone.config.hidden_size,
             "pooling": "last_attended_token",
             "output": "sigmoid(logit) = V in [0, 1]",
         }
+        if self.surprise:
+            meta["surprise"] = {"state_id": self.state_id, "features": SURPRISE_FEATURES, "gain": SURPRISE_GAIN}
         (path / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         tokenizer.save_pretrained(path)
         return path
@@ -124,23 +195,44 @@ class Critic(nn.Module):
         attn_implementation: str = ATTN_IMPLEMENTATION,
     ) -> tuple[Critic, PreTrainedTokenizerBase]:
         """Load a directory written by ``save``; the critic comes back in eval mode."""
-        path = check_safetensors_dir(path, ignore=(HEAD_FILE,))
+        path = check_safetensors_dir(path, ignore=(HEAD_FILE, LM_HEAD_FILE))
         meta = _read_meta(path)
-        if not (path / HEAD_FILE).is_file():
-            raise FileNotFoundError(f"critic directory {path} has no {HEAD_FILE}")
+        surprise = meta.get("surprise")
+        needed = (HEAD_FILE, LM_HEAD_FILE) if surprise else (HEAD_FILE,)
+        for name in needed:
+            if not (path / name).is_file():
+                raise FileNotFoundError(f"critic directory {path} has no {name}")
         backbone = from_local(
             AutoModel, path, dtype=dtype, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation
         )
         state = load_file(str(path / HEAD_FILE))
         hidden = backbone.config.hidden_size
-        if meta["hidden_size"] != hidden or tuple(state["weight"].shape) != (1, hidden):
+        width = hidden + (SURPRISE_FEATURES if surprise else 0)
+        if meta["hidden_size"] != hidden or tuple(state["weight"].shape) != (1, width):
             raise ValueError(
                 f"critic directory {path}: value head of shape {tuple(state['weight'].shape)} "
-                f"(critic.json hidden_size {meta['hidden_size']}) does not fit a backbone of hidden size {hidden}"
+                f"(critic.json hidden_size {meta['hidden_size']}, surprise {bool(surprise)}) does not fit a backbone"
+                f" of hidden size {hidden}: expected (1, {width})"
             )
-        head = nn.Linear(hidden, 1)
+        if surprise and (surprise.get("features"), surprise.get("gain")) != (SURPRISE_FEATURES, SURPRISE_GAIN):
+            raise ValueError(
+                f"{path / META_FILE}: surprise features {surprise.get('features')} at gain {surprise.get('gain')};"
+                f" this ac2 computes {SURPRISE_FEATURES} at gain {SURPRISE_GAIN}"
+            )
+        head = nn.Linear(width, 1)
         head.load_state_dict(state)
-        return cls(backbone, head).eval(), load_tokenizer(path)
+        lm_head = None
+        if surprise:
+            weight = load_file(str(path / LM_HEAD_FILE))["weight"]
+            if tuple(weight.shape) != (backbone.config.vocab_size, hidden):
+                raise ValueError(
+                    f"critic directory {path}: {LM_HEAD_FILE} of shape {tuple(weight.shape)}; expected"
+                    f" ({backbone.config.vocab_size}, {hidden})"
+                )
+            lm_head = nn.Linear(hidden, weight.shape[0], bias=False)
+            lm_head.weight.data.copy_(weight)
+        state_id = surprise["state_id"] if surprise else None
+        return cls(backbone, head, lm_head=lm_head, state_id=state_id).eval(), load_tokenizer(path)
 
 
 def _read_meta(path: Path) -> dict:

@@ -121,14 +121,44 @@ def metrics_markdown(rows: list[dict], seconds: dict[int, dict[str, float]] | No
             it = (seconds or {}).get(m["iteration"])
             cells.append(f"{sum(it.values()):.1f}" if it else "")
         lines.append("| " + " | ".join(cells) + " |")
+    totals = run_totals(rows)
+    return "\n".join(lines + ([""] + totals if totals else []))
+
+
+def run_totals(rows: list[dict], *, last: int = 5) -> list[str]:
+    """The run in a few lines: the validation score, the decode tokens spent against what full
+    rollouts of the same problems would have decoded, and (AC2) how often and how well the
+    critic was trusted: the ready share over the iterations, and its out-of-sample AUC at the
+    end and over the ``last`` iterations that have one."""
+    lines = []
     scored = [m for m in rows if m["val_score"] is not None]
     if scored:
-        lines.append("")
+        best = max(scored, key=lambda m: m["val_score"])
         lines.append(
             f"validation score: {scored[0]['val_score']:.3f} at iteration {scored[0]['iteration']}"
             f" -> {scored[-1]['val_score']:.3f} at iteration {scored[-1]['iteration']}"
+            f" (best {best['val_score']:.3f} at iteration {best['iteration']})"
         )
-    return "\n".join(lines)
+    trained = [m for m in rows if m["iteration"] > 0]
+    spent = sum(m["decode_tokens"] for m in trained)
+    full = sum(m["full_rollout_tokens"] for m in trained)
+    if full > 0:
+        lines.append(
+            f"decoded: {spent:,} tokens over iterations {trained[0]['iteration']}-{trained[-1]['iteration']}, against"
+            f" {full:,.0f} that full rollouts of the same problems would have decoded: {1 - spent / full:.1%} saved"
+        )
+    if any(m.get("algorithm") == "ac2" for m in trained):
+        share = sum(m["readiness_share"] for m in trained) / len(trained)
+        line = f"critic: ready share {share:.2f} (mean over iterations)"
+        aucs = [m for m in trained if m.get("critic_auc") is not None]
+        if aucs:
+            tail = aucs[-last:]
+            line += (
+                f", out-of-sample AUC {aucs[-1]['critic_auc']:.3f} at iteration {aucs[-1]['iteration']}"
+                f" ({sum(m['critic_auc'] for m in tail) / len(tail):.3f} over the last {len(tail)} with one)"
+            )
+        lines.append(line)
+    return lines
 
 
 def samples_markdown(samples: list[dict], *, limit: int = 300) -> str:

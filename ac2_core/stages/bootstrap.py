@@ -103,8 +103,11 @@ def _progress_every(steps: int) -> int:
 
 def _initial_critic(cfg: AC2Config, actor, tok, rows: list[dict], log: Callable[[str], None]) -> Critic:
     """The actor's backbone, after ``critic.read_steps`` of reading, with a zero value head."""
+    from ac2_core.models.tokenizer import special_ids
+
+    state_id = special_ids(tok)["state"] if cfg.critic.surprise else None  # a critic with surprise keeps the next-token head
     if not cfg.critic.read_steps:
-        return Critic.from_actor(actor, seed=cfg.seed)
+        return Critic.from_actor(actor, seed=cfg.seed, state_id=state_id)
     import copy
 
     from ac2_core.training.sft import train_lm
@@ -126,7 +129,7 @@ def _initial_critic(cfg: AC2Config, actor, tok, rows: list[dict], log: Callable[
         label="critic reading",
         progress_every=_progress_every(cfg.critic.read_steps),
     )
-    return Critic.from_actor(reader, seed=cfg.seed)
+    return Critic.from_actor(reader, seed=cfg.seed, state_id=state_id)
 
 
 def _initial_actor(cfg: AC2Config, rows: list[dict], device: torch.device, log: Callable[[str], None]):

@@ -121,6 +121,10 @@ def run(
         share = float(weights.sum()) / total_weight  # micro-batch losses sum to the step's weighted mean
         return critic_bce_loss(logits[rows, cols], targets, weights) * share, {}
 
+    if not cfg.critic.train_backbone:
+        # the head alone: a backbone trained by the value loss drifts away from the frozen next-token head
+        # that a critic with surprise reads (its features lost their signal within ~90 steps online)
+        ckpt.model.backbone.requires_grad_(False)
     trainer = store.trainer(ckpt)
     history = []
     # the oracle (a diagnostic) is never trained: its checkpoint only passes through

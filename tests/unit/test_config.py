@@ -68,6 +68,10 @@ def test_unknown_key_names_the_dotted_field(data, field):
             {"model": {"tiny": {"num_heads": 3, "num_kv_heads": 2}}},
             ["model.tiny.num_heads:", "num_heads (3)", "num_kv_heads (2)"],
         ),
+        (
+            {"critic": {"surprise": True, "scoring_backend": "vllm"}},
+            ["critic.surprise: surprise reads the critic's next-token head", "scoring_backend hf"],
+        ),
     ],
 )
 def test_out_of_range_values_name_the_field(data, expected):

@@ -217,3 +217,25 @@ def test_a_bf16_critic_trains_though_deepspeed_casts_its_float32_head(tokenizer)
     assert stats["loss"] == pytest.approx(math.log(2), rel=1e-3)  # V = 0.5 from the zero head
     assert stats["grad_norm"] > 0
     assert critic.value_head.weight.abs().sum() > 0  # the head moved off zero
+
+
+def test_a_critic_with_surprise_trains_under_deepspeed_and_leaves_its_next_token_head_alone(tokenizer):
+    # the next-token head is frozen (read, never trained); ZeRO must train the rest around it
+    from ac2_core.models.critic import SURPRISE_FEATURES, Critic
+    from ac2_core.models.tokenizer import special_ids
+
+    state = special_ids(tokenizer)["state"]
+    critic = Critic.from_actor(build_tiny_model(tokenizer, SMALL, seed=0).to(torch.bfloat16), seed=0, state_id=state)
+    lm_before = critic.lm_head.weight.detach().clone()
+    ids = _batches(tokenizer, 0)[0].clone()
+    ids[:, 2] = state  # the partial answer starts after position 2 in both rows
+    targets = torch.tensor([0.0, 1.0])
+
+    def loss_fn(model, _):
+        return torch.nn.functional.binary_cross_entropy_with_logits(model(ids, torch.ones_like(ids)), targets), {}
+
+    trainer = deepspeed_backend.Trainer(critic, **HYPER, zero_stage=2)
+    for _ in range(2):
+        trainer.step([None], loss_fn)
+    assert critic.value_head.weight[0, -SURPRISE_FEATURES:].abs().sum() > 0  # the surprise weights moved off zero
+    assert torch.equal(critic.lm_head.weight.detach(), lm_before)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import string
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from ac2_core.config import TinyModelConfig
-from ac2_core.models.critic import Critic, build_critic_input
+from ac2_core.models.critic import SURPRISE_FEATURES, SURPRISE_GAIN, Critic, build_critic_input
 from ac2_core.models.hf import ModelFormatError, load_model, load_tokenizer, save_model
 from ac2_core.models.tiny import build_tiny_model
 from ac2_core.models.tokenizer import SPECIAL_TOKENS, build_tokenizer, special_ids
@@ -203,3 +204,82 @@ def test_critic_input_layout_and_truncation():
 def test_critic_input_too_long_raises_with_lengths():
     with pytest.raises(ValueError, match=r"max_tokens=6.*prompt \(2 tokens\).*reference \(3 tokens\).*take 7"):
         build_critic_input([10, 11], [20, 21, 22], [30], ref_id=2, state_id=3, max_tokens=6)
+
+
+def _surprise_critic(model, tokenizer):
+    critic = Critic.from_actor(model, seed=0, state_id=special_ids(tokenizer)["state"])
+    with torch.no_grad():  # a non-zero head on the hidden state and on the surprise features
+        critic.value_head.weight.copy_(torch.linspace(-1, 1, critic.value_head.in_features)[None] / 8)
+        critic.value_head.bias.fill_(0.1)
+    return critic
+
+
+def _surprise_input(tokenizer, answer: str) -> list[int]:
+    ids = special_ids(tokenizer)
+    return build_critic_input(
+        tokenizer.encode("1+2=", add_special_tokens=False),
+        tokenizer.encode("1+2=3;#3", add_special_tokens=False),
+        tokenizer.encode(answer, add_special_tokens=False),
+        ref_id=ids["ref"],
+        state_id=ids["state"],
+        max_tokens=64,
+    )
+
+
+def test_surprise_features_are_the_running_next_token_loss_of_the_answer(model, tokenizer):
+    critic = _surprise_critic(model, tokenizer)
+    x = torch.tensor([_surprise_input(tokenizer, "1+2=4;#4")])
+    start = x[0].tolist().index(special_ids(tokenizer)["state"])
+    with torch.no_grad():
+        features = critic._surprise(critic._hidden(x, torch.ones_like(x)), x, torch.ones_like(x))[0] / SURPRISE_GAIN
+        # the reference: the actor itself (the critic copied it), as a causal LM over the same tokens
+        logp = torch.log_softmax(model(input_ids=x).logits[0].float(), dim=-1)
+    losses = [-logp[t - 1, x[0, t]].item() for t in range(start + 1, x.shape[1])]
+    assert torch.equal(features[: start + 1], torch.zeros(start + 1, SURPRISE_FEATURES))  # nothing of the answer written yet
+    for n in range(1, len(losses) + 1):  # position start + n ends the answer's first n tokens
+        written = losses[:n]
+        expected = [max(written), sum(written) / n, math.log1p(n)]
+        assert features[start + n].tolist() == pytest.approx(expected, abs=1e-5)
+    assert len(set(losses)) > 1  # the running max and mean differ along the answer
+
+
+def test_surprise_critic_is_causal_and_survives_save_load(model, tokenizer, tmp_path):
+    critic = _surprise_critic(model, tokenizer)
+    x = _surprise_input(tokenizer, "1+2=3;#3")
+    start = x.index(special_ids(tokenizer)["state"])
+    ids = torch.tensor([x])
+    with torch.no_grad():
+        every = critic(ids, torch.ones_like(ids), every_position=True)[0]
+        cut = torch.stack([critic(ids[:, : t + 1], torch.ones_like(ids[:, : t + 1]))[0] for t in range(start, len(x))])
+    # position t of one pass is the critic of the input cut after t (the dense fit relies on it)
+    assert torch.allclose(every[start:], cut, rtol=0, atol=1e-5)
+    critic.save(tmp_path / "critic", tokenizer)
+    assert (tmp_path / "critic" / "lm_head.safetensors").is_file()
+    loaded, _ = Critic.load(tmp_path / "critic")
+    assert loaded.surprise and loaded.state_id == critic.state_id
+    with torch.no_grad():
+        assert torch.equal(loaded(ids, torch.ones_like(ids), every_position=True)[0], every)
+    assert every.std() > 0
+
+
+def test_surprise_critic_trains_its_value_head_and_backbone_not_its_next_token_head(model, tokenizer):
+    critic = _surprise_critic(model, tokenizer).train()
+    ids = torch.tensor([_surprise_input(tokenizer, "1+2=4;#4")])
+    critic(ids, torch.ones_like(ids)).sum().backward()
+    assert critic.lm_head.weight.grad is None and not critic.lm_head.weight.requires_grad
+    assert critic.value_head.weight.grad[0, -SURPRISE_FEATURES:].abs().sum() > 0  # the surprise weights learn
+    assert critic.backbone.embed_tokens.weight.grad is not None
+
+
+def test_surprise_critic_needs_the_state_separator(model, tokenizer):
+    critic = _surprise_critic(model, tokenizer)
+    ids = torch.tensor([tokenizer.encode("1+2=3", add_special_tokens=False)])
+    with pytest.raises(ValueError, match="state separator"):
+        critic(ids, torch.ones_like(ids))
+
+
+def test_surprise_critic_directory_without_its_next_token_head_is_refused(model, tokenizer, tmp_path):
+    _surprise_critic(model, tokenizer).save(tmp_path / "critic", tokenizer)
+    (tmp_path / "critic" / "lm_head.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="lm_head.safetensors"):
+        Critic.load(tmp_path / "critic")

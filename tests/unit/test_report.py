@@ -56,3 +56,25 @@ def test_the_summary_table_has_the_same_figures_per_iteration():
     assert (cells["decode tokens"], cells["full-rollout tokens"], cells["tokens saved"]) == ("5125", "8200", "37.5%")
     assert (cells["readiness share"], cells["critic AUC"], cells["seconds"]) == ("0.45", "0.712", "3.5")
     assert (cells["algorithm"], cells["config"]) == ("ac2", "0123456789ab")
+
+
+def test_the_summary_ends_with_the_run_totals():
+    rows = [
+        {**ROW, "iteration": 0, "val_score": 0.25, "decode_tokens": 0, "full_rollout_tokens": 0.0, "critic_auc": None},
+        {**ROW, "iteration": 1, "val_score": None, "readiness_share": 0.2, "critic_auc": 0.6},
+        {**ROW, "iteration": 2, "val_score": 0.4, "readiness_share": 0.6, "decode_tokens": 3000, "critic_auc": None},
+        {**ROW, "iteration": 3, "val_score": 0.35, "readiness_share": 0.4, "critic_auc": 0.8},
+    ]
+    totals = metrics_markdown(rows).split("\n\n")[-1].splitlines()
+    assert totals[0] == "validation score: 0.250 at iteration 0 -> 0.350 at iteration 3 (best 0.400 at iteration 2)"
+    # spent 5125 + 3000 + 5125 = 13250 of 3 x 8200 = 24600: 1 - 13250 / 24600 = 46.1% saved
+    assert totals[1] == (
+        "decoded: 13,250 tokens over iterations 1-3, against 24,600 that full rollouts of the same problems"
+        " would have decoded: 46.1% saved"
+    )
+    # ready share (0.2 + 0.6 + 0.4) / 3 = 0.40; AUC at 3 is 0.8, the mean of 0.6 and 0.8 is 0.7
+    assert totals[2] == (
+        "critic: ready share 0.40 (mean over iterations), out-of-sample AUC 0.800 at iteration 3 (0.700 over the last 2 with one)"
+    )
+    grpo = [{**r, "algorithm": "grpo"} for r in rows]
+    assert not any(line.startswith("critic:") for line in metrics_markdown(grpo).splitlines())
