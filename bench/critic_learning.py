@@ -666,16 +666,22 @@ def report(records: list[dict], meta: dict, reproduce: str) -> str:
         "agree_canonical: P(success | the partial answer is a prefix of the worked solution, depth), fitted on the training"
         " states; agree_reference: the same against the reference the critic is shown.",
         "",
-        "## Predictors that train no backbone: the answer's surprise so far",
-        "",
-        "V = a logistic fit on the training states of the depth and the largest and mean next-token loss of the tokens"
-        " written so far (`surprise_predictor`): under the warm-started actor in its own layout (no reference), under the"
-        " read backbone in the critic's layout (with the reference), or both.",
-        "",
-        "| predictor | AUC past 1st chunk, with ref | AUC past 1st chunk | AUC | gap | calibration error |",
-        "|---|---:|---:|---:|---:|---:|",
-        *(_predictor_row(r) for r in surprises),
-        "",
+        *(
+            [
+                "## Predictors that train no backbone: the answer's surprise so far",
+                "",
+                "V = a logistic fit on the training states of the depth and the largest and mean next-token loss of the"
+                " tokens written so far (`surprise_predictor`): under the warm-started actor in its own layout (no"
+                " reference), under the read backbone in the critic's layout (with the reference), or both.",
+                "",
+                "| predictor | AUC past 1st chunk, with ref | AUC past 1st chunk | AUC | gap | calibration error |",
+                "|---|---:|---:|---:|---:|---:|",
+                *(_predictor_row(r) for r in surprises),
+                "",
+            ]
+            if surprises  # fitted apart from the conditions; a report without such records has no such table
+            else []
+        ),
         "## The backbone in the critic's layout",
         "",
         "The warm-started actor's next-token loss on held-out answers that have a reference, a token, as the critic"

@@ -42,7 +42,6 @@ sys.path.insert(0, str(ROOT))
 
 TOY = ROOT / "pipelines" / "configs" / "toy.yaml"
 RESULTS = ROOT / "bench" / "results" / "rl_efficiency.md"
-PLOT = RESULTS.with_suffix(".png")
 MARKER = "<!-- analysis: text below this line is kept when the tables are rewritten -->"
 
 # What each variant changes; everything else comes from the config and --set.
@@ -501,7 +500,7 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
         " targets are all equal has none). Critic AUC and V gap: its out-of-sample predictions on every"
         " (state, outcome) pair of the run, before it trained on them.",
         "",
-        f"![validation score against cumulative decode FLOPs]({PLOT.name})",
+        f"![validation score against cumulative decode FLOPs]({Path(args.results).with_suffix('.png').name})",
         "",
         "Ready share: ready problems / problems with a readiness window, mean over iterations."
         " Chunk groups: share of groups in chunk mode. Critic error: binned calibration error of"

@@ -41,6 +41,7 @@ TINY = {
     "readiness.metric": "binned_calibration",  # an untrained critic never discriminates: keep chunk mode reachable
     "warm_start.slip_rate": 0.0,
     "critic.read_steps": 0,
+    "critic.train_backbone": True,  # the tests' critic trains its backbone, so data-parallel and backend checks see it move
     "rollout.prefixes_per_problem": 2,
     "critic.warmup_iterations": 0,
     "critic.max_input_tokens": 96,

@@ -22,6 +22,7 @@ from ac2_core.generation import generate, generate_for
 from ac2_core.generation.scoring import score_inputs
 from ac2_core.models.state import read_state
 from ac2_core.models.store import ModelStore
+from ac2_core.models.tokenizer import special_ids
 from ac2_core.runner import inprocess
 from ac2_core.runner.layout import RunLayout
 from ac2_core.stages import data_parallel
@@ -246,7 +247,8 @@ def test_sharded_generation_and_scoring_equal_one_process(iteration_2):
 
     critic_uri = iteration_2.output(1, "critic")
     critic = ModelStore(cfg).load(critic_uri, kind="critic").model
-    inputs = [c + s.token_ids for c, g in zip(contexts, alone) for s in g][:30]
+    state = special_ids(tok)["state"]  # critic inputs: the answer follows the state separator
+    inputs = [c + [state] + s.token_ids for c, g in zip(contexts, alone) for s in g][:30]
     inputs += inputs[:5]  # repeated inputs are scored once, and get their value back
     from ac2_core.generation import sharded
 

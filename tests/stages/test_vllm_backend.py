@@ -38,7 +38,10 @@ from tests.stages.test_stages import rows, run_stages
 # and is still 100x smaller than one step of an lr 1e-4 update moves a log-prob.
 LOGPROB_ATOL = 1e-4
 
-VLLM_OVERRIDES = dict(generation__backend="vllm", generation__enforce_eager=True, generation__kv_cache_gib=0.25)
+# the pooling engine gives the last hidden state alone: it scores critics without surprise
+VLLM_OVERRIDES = dict(
+    generation__backend="vllm", generation__enforce_eager=True, generation__kv_cache_gib=0.25, critic__surprise=False
+)
 
 
 @pytest.fixture(scope="module")
@@ -252,6 +255,8 @@ def _critic_with_a_head(src: Path, dest: Path, *, seed: int, noise: float = 0.0)
     """The bootstrap critic with a random head (its zero head scores 0.5 everywhere, which
     would match anything), and optionally its backbone perturbed; saved to ``dest``."""
     critic, tok = Critic.load(src)
+    # the pooling engine scores critics without surprise: the same backbone, a head on its hidden state alone
+    critic = Critic(critic.backbone, torch.nn.Linear(critic.backbone.config.hidden_size, 1))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         w = critic.value_head.weight
