@@ -140,12 +140,22 @@ def run_totals(rows: list[dict], *, last: int = 5) -> list[str]:
             f" (best {best['val_score']:.3f} at iteration {best['iteration']})"
         )
     trained = [m for m in rows if m["iteration"] > 0]
-    spent = sum(m["decode_tokens"] for m in trained)
-    full = sum(m["full_rollout_tokens"] for m in trained)
-    if full > 0:
+    # an iteration that decoded no full answer has no length to price its chunk-mode problems at
+    known = [m for m in trained if m["full_rollout_tokens"] > 0]
+    if known:
+        spent = sum(m["decode_tokens"] for m in known)
+        full = sum(m["full_rollout_tokens"] for m in known)
+        span = f"iterations {trained[0]['iteration']}-{trained[-1]['iteration']}"
+        if len(known) < len(trained):
+            total = sum(m["decode_tokens"] for m in trained)
+            unpriced = len(trained) - len(known)
+            span = (
+                f"{span} ({total:,} in all; left out: {unpriced} iteration{'s' * (unpriced != 1)} with no full answer"
+                " to price chunk mode at)"
+            )
         lines.append(
-            f"decoded: {spent:,} tokens over iterations {trained[0]['iteration']}-{trained[-1]['iteration']}, against"
-            f" {full:,.0f} that full rollouts of the same problems would have decoded: {1 - spent / full:.1%} saved"
+            f"decoded: {spent:,} tokens over {span}, against {full:,.0f} that full rollouts of the same problems"
+            f" would have decoded: {1 - spent / full:.1%} saved"
         )
     if any(m.get("algorithm") == "ac2" for m in trained):
         share = sum(m["readiness_share"] for m in trained) / len(trained)

@@ -76,5 +76,11 @@ def test_the_summary_ends_with_the_run_totals():
     assert totals[2] == (
         "critic: ready share 0.40 (mean over iterations), out-of-sample AUC 0.800 at iteration 3 (0.700 over the last 2 with one)"
     )
+    # an iteration with no full answer has no price for its chunk-mode problems: left out, and said so
+    unpriced = [*rows, {**ROW, "iteration": 4, "decode_tokens": 250, "full_rollout_tokens": 0.0}]
+    assert metrics_markdown(unpriced).split("\n\n")[-1].splitlines()[1] == (
+        "decoded: 13,250 tokens over iterations 1-4 (13,500 in all; left out: 1 iteration with no full answer to price"
+        " chunk mode at), against 24,600 that full rollouts of the same problems would have decoded: 46.1% saved"
+    )
     grpo = [{**r, "algorithm": "grpo"} for r in rows]
     assert not any(line.startswith("critic:") for line in metrics_markdown(grpo).splitlines())
