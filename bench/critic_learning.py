@@ -38,7 +38,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,6 +73,14 @@ class Condition:
     note: str = ""
     overrides: dict = field(default_factory=dict)  # reserved for critic options of the library
 
+    def __post_init__(self):
+        if self.aux_lm and self.surprise:  # fit_step's auxiliary path feeds the head the hidden state alone
+            raise ValueError("a condition cannot have both aux_lm and surprise")
+
+
+_SURPRISE_READ500 = Condition(
+    dense=True, lr=3e-4, read_steps=500, read_on="slipdemos", surprise=True, note="reads its own surprise beside the hidden state"
+)
 
 CONDITIONS: dict[str, Condition] = {
     "cuts": Condition(note="the project's critic as it was: states at chunk boundaries"),
@@ -109,34 +117,18 @@ CONDITIONS: dict[str, Condition] = {
         dense=True, lr=3e-4, read_steps=500, read_on="slipdemos", aux_lm=1.0, use_reference=False
     ),
     "dense_aux": Condition(dense=True, lr=3e-4, aux_lm=1.0),
-    "surprise_readslip500_dense": Condition(
-        dense=True,
-        lr=3e-4,
-        read_steps=500,
-        read_on="slipdemos",
-        surprise=True,
-        note="reads its own surprise beside the hidden state",
-    ),
-    "surprise_readslip500_dense_noref": Condition(
-        dense=True, lr=3e-4, read_steps=500, read_on="slipdemos", surprise=True, use_reference=False
-    ),
-    "surprise_frozen_readslip500_dense": Condition(
-        dense=True,
-        lr=3e-4,
-        read_steps=500,
-        read_on="slipdemos",
-        surprise=True,
-        train_backbone=False,
-        note="trains the head alone",
-    ),
-    "surprise_frozen_readslip500_dense_noref": Condition(
-        dense=True, lr=3e-4, read_steps=500, read_on="slipdemos", surprise=True, train_backbone=False, use_reference=False
-    ),
+    # the library's critic with surprise; each has a twin without the reference (``_noref``, below)
+    "surprise_readslip500_dense": _SURPRISE_READ500,
+    "surprise_frozen_readslip500_dense": replace(_SURPRISE_READ500, train_backbone=False, note="trains the head alone"),
     "frozen_readslip500_dense": Condition(dense=True, lr=3e-4, read_steps=500, read_on="slipdemos", train_backbone=False),
     "surprise_dense": Condition(dense=True, lr=3e-4, surprise=True, note="the actor's backbone, no reading"),
     "surprise_dense_noref": Condition(dense=True, lr=3e-4, surprise=True, use_reference=False),
     "bootstrap_dense": Condition(dense=True, lr=3e-4, backbone="bootstrap", note="the bootstrap's critic (it read)"),
     "bootstrap_dense_noref": Condition(dense=True, lr=3e-4, backbone="bootstrap", use_reference=False),
+}
+CONDITIONS |= {
+    f"{name}_noref": replace(CONDITIONS[name], use_reference=False, note="")
+    for name in ("surprise_readslip500_dense", "surprise_frozen_readslip500_dense")
 }
 
 

@@ -182,12 +182,8 @@ def _value_head(folder):
     import torch
     from safetensors.torch import load_file
 
-    from ac2_core.models.critic import HEAD_FILE, LM_HEAD_FILE
+    from ac2_core.models.critic import HEAD_FILE
 
-    if (folder / LM_HEAD_FILE).exists():  # the config refuses this pair; a checkpoint can still bring it
-        raise ValueError(
-            f"critic {folder} reads its surprise, which the vllm pooling engine cannot compute; use scoring_backend hf"
-        )
     state = load_file(str(folder / HEAD_FILE))
     head = torch.nn.Linear(state["weight"].shape[1], 1)
     head.load_state_dict(state)

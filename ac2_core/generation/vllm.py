@@ -313,9 +313,15 @@ def score(model_dir: str | Path, head, inputs: list[list[int]], *, settings: Eng
     backbone in ``model_dir`` on the "score" engine; ``head`` is the critic's value head
     (``Critic.value_head``). Identical inputs are computed once; values in input order."""
     import torch
-    from vllm.inputs import TokensPrompt
 
     from ac2_core.generation.scoring import unique_inputs
+    from ac2_core.models.critic import LM_HEAD_FILE
+
+    if (Path(model_dir) / LM_HEAD_FILE).exists():  # the config refuses this pair; a checkpoint can still bring it
+        raise ValueError(
+            f"critic {model_dir} reads its surprise, which the vllm pooling engine cannot compute; set critic.scoring_backend hf"
+        )
+    from vllm.inputs import TokensPrompt
 
     llm = engine(model_dir, settings, role="score")
     unique = unique_inputs(inputs)

@@ -45,6 +45,11 @@ SURPRISE_FEATURES = 3  # the running largest and mean next-token loss of the par
 SURPRISE_GAIN = 32.0
 
 
+def head_width(hidden_size: int, *, surprise: bool) -> int:
+    """Inputs of the value head: the hidden state, and the surprise features when the critic reads them."""
+    return hidden_size + (SURPRISE_FEATURES if surprise else 0)
+
+
 class Critic(nn.Module):
     """``forward`` gives logits ``(B,)``; ``values`` gives ``V = sigmoid(logits)`` in (0, 1).
 
@@ -58,8 +63,7 @@ class Critic(nn.Module):
         super().__init__()
         if (lm_head is None) != (state_id is None):
             raise ValueError("a critic with surprise needs both lm_head and state_id")
-        hidden = backbone.config.hidden_size
-        expected = hidden + (SURPRISE_FEATURES if lm_head is not None else 0)
+        expected = head_width(backbone.config.hidden_size, surprise=lm_head is not None)
         if value_head.in_features != expected:
             raise ValueError(f"value head takes {value_head.in_features} inputs; this critic gives it {expected}")
         self.backbone = backbone
@@ -83,10 +87,9 @@ class Critic(nn.Module):
         """
         backbone = copy.deepcopy(actor.base_model)
         lm_head = None if state_id is None else copy.deepcopy(actor.get_output_embeddings())
-        width = backbone.config.hidden_size + (SURPRISE_FEATURES if state_id is not None else 0)
         with torch.random.fork_rng(devices=[]):  # leave the global RNG as it was
             torch.manual_seed(seed)
-            head = nn.Linear(width, 1)
+            head = nn.Linear(head_width(backbone.config.hidden_size, surprise=state_id is not None), 1)
         # Zero head: V = 0.5 on every input at first, an honest "don't know". A random
         # head would give input-dependent values that readiness would take for real
         # predictions. The weight still gets gradient (BCE grad times hidden state).
@@ -127,11 +130,13 @@ class Critic(nn.Module):
             raise ValueError(f"a critic with surprise needs the state separator (token {self.state_id}) in every input row")
         start = is_state.long().argmax(dim=1, keepdim=True)  # (B, 1): the first separator
         pos = torch.arange(input_ids.shape[1], device=input_ids.device)[None]  # (1, T)
-        logp = torch.log_softmax(self.lm_head(hidden[:, :-1]).float(), dim=-1)  # (B, T-1, V): predicts tokens 1..T-1
-        nll = -logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
-        nll = torch.cat([torch.zeros_like(nll[:, :1]), nll], dim=1)  # (B, T): the loss of token t at t
-        written = (pos > start) & attention_mask.bool()  # the answer's tokens
-        nll = nll * written
+        written = (pos > start) & attention_mask.bool()  # (B, T): the answer's tokens
+        # the next-token head runs only where an answer token is predicted, not over the problem and
+        # the reference: for a long reference that is most of the input, and logits are (tokens, vocab)
+        rows, cols = written.nonzero(as_tuple=True)  # cols >= 1: an answer token follows the separator
+        logp = torch.log_softmax(self.lm_head(hidden[rows, cols - 1]).float(), dim=-1)  # (N, V)
+        nll = torch.zeros(written.shape, dtype=torch.float32, device=hidden.device)  # (B, T): token t's loss at t
+        nll[rows, cols] = -logp.gather(-1, input_ids[rows, cols, None]).squeeze(-1)
         count = written.long().cumsum(dim=1)  # answer tokens up to t
         largest = torch.cummax(nll, dim=1).values  # losses are >= 0, so masked zeros never win
         mean = nll.cumsum(dim=1) / count.clamp(min=1)
@@ -207,7 +212,7 @@ class Critic(nn.Module):
         )
         state = load_file(str(path / HEAD_FILE))
         hidden = backbone.config.hidden_size
-        width = hidden + (SURPRISE_FEATURES if surprise else 0)
+        width = head_width(hidden, surprise=bool(surprise))
         if meta["hidden_size"] != hidden or tuple(state["weight"].shape) != (1, width):
             raise ValueError(
                 f"critic directory {path}: value head of shape {tuple(state['weight'].shape)} "

@@ -21,11 +21,11 @@ import torch
 from ac2_core import storage
 from ac2_core.config import AC2Config, TaskConfig
 from ac2_core.generation import generate
-from ac2_core.models.critic import Critic
+from ac2_core.models.critic import Critic, build_critic_input
 from ac2_core.models.hf import load_model
 from ac2_core.models.store import Checkpoint, ModelStore
 from ac2_core.models.tiny import build_tiny_model
-from ac2_core.models.tokenizer import build_tokenizer
+from ac2_core.models.tokenizer import build_tokenizer, special_ids
 from ac2_core.stages.common import Problems, StageStats, prompt_ids, seed_for
 from ac2_core.stages.evaluate import validation_score
 from ac2_core.tasks import arith, grade_many, problems_for
@@ -74,9 +74,6 @@ def reading_examples(cfg: AC2Config, tok, rows: list[dict]) -> list[tuple[list[i
     a reference and to notice when the two part. A critic without the reference
     (``critic.use_reference: false``) reads in its own layout, the answer under the prompt alone.
     """
-    from ac2_core.models.critic import build_critic_input
-    from ac2_core.models.tokenizer import special_ids
-
     ids = special_ids(tok)
     refs, answers = demonstrations(cfg, rows, stream=1), demonstrations(cfg, rows, stream=2)
     examples = []
@@ -103,8 +100,6 @@ def _progress_every(steps: int) -> int:
 
 def _initial_critic(cfg: AC2Config, actor, tok, rows: list[dict], log: Callable[[str], None]) -> Critic:
     """The actor's backbone, after ``critic.read_steps`` of reading, with a zero value head."""
-    from ac2_core.models.tokenizer import special_ids
-
     state_id = special_ids(tok)["state"] if cfg.critic.surprise else None  # a critic with surprise keeps the next-token head
     if not cfg.critic.read_steps:
         return Critic.from_actor(actor, seed=cfg.seed, state_id=state_id)

@@ -265,11 +265,6 @@ def _apply_critic(cfg: AC2Config, ckpt, critic_uri: str, requests: list[CriticRe
         case "vllm":
             from ac2_core.generation import vllm as vllm_backend
 
-            if ckpt.model.surprise:  # the config refuses this pair; a checkpoint can still bring it
-                raise ValueError(
-                    f"critic {critic_uri} reads its surprise (critic.json), which the vllm pooling engine cannot compute;"
-                    " set critic.scoring_backend hf"
-                )
             folder = storage.local_model_dir(critic_uri, kind="critic")
             settings = vllm_backend.EngineSettings.from_config(cfg)
             values = vllm_backend.score(folder, ckpt.model.value_head, inputs, settings=settings)

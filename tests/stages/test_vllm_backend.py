@@ -317,3 +317,12 @@ def test_score_chunks_on_vllm_matches_hf(vcfg, tiny_cfg, run_dir):
                     assert a[key] == b[key], (name, key)
     predictions = [r["prediction"] for r in tables["hf"]["out_critic_pairs"]]
     assert statistics.pstdev(predictions) > 0.01
+
+
+def test_the_pooling_engine_refuses_a_critic_with_surprise_before_it_starts(vcfg, _bootstrap_dir):
+    # the bootstrap's critic reads its surprise (the toy's default), which the engine cannot compute
+    folder = Path(_bootstrap_dir) / "critic"
+    critic, _ = Critic.load(folder)
+    assert critic.surprise
+    with pytest.raises(ValueError, match="reads its surprise.*scoring_backend hf"):
+        vllm_backend.score(folder, critic.value_head, [[5, 6, 7]], settings=vllm_backend.EngineSettings.from_config(vcfg))
