@@ -42,6 +42,9 @@ def die():
 
 
 def wait(*, pid_file):
-    Path(pid_file).write_text(str(os.getpid()))
+    # written whole, then renamed: the test polls for the file and must never read it half-written
+    part = Path(f"{pid_file}.part")
+    part.write_text(str(os.getpid()))
+    part.rename(pid_file)
     time.sleep(120)
     return {}
