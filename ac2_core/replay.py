@@ -26,6 +26,16 @@ def cut_points(length: int, chunk_tokens: int, *, finished: bool) -> list[int]:
     return cuts
 
 
+def least_likely_cuts(logprobs: list[float], *, limit: int, n: int) -> list[int]:
+    """The ``n`` positions below ``limit`` whose tokens were least likely, least likely first.
+
+    A prefix cut right before such a token is where a group's continuations most often
+    branch: each of them draws that token again. Ties go to the earlier position.
+    """
+    positions = range(min(limit, len(logprobs)))
+    return sorted(positions, key=lambda p: (logprobs[p], p))[:n]
+
+
 def _newest_first(row: dict) -> tuple:
     return (-row["iteration"], -row["policy_version"], row["trajectory_id"])
 

@@ -58,6 +58,7 @@ PREFIXES = pa.schema(
         pa.field("prefix_token_ids", _tokens, nullable=False),
         pa.field("budget", pa.int32(), nullable=False),  # most tokens a continuation may add
         pa.field("ref_trajectory_id", pa.string()),  # reference solution for the critic, if any
+        pa.field("cut_scan_tokens", pa.int32()),  # tokens the actor read to place an uncertain cut; null at a boundary
     ]
 )
 

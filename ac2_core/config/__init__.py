@@ -209,6 +209,12 @@ class RolloutConfig(Section):
         description="trajectories chunk-mode prefixes are cut from: any replayed one, or only those that succeeded "
         "(replay.success_threshold) when the problem has any",
     )
+    prefix_cut: Literal["boundary", "uncertain"] = Field(
+        "boundary",
+        description="where a chunk-mode prefix ends: at a chunk boundary of its trajectory, or right before the token "
+        "the current actor finds least likely there (where continuations branch most often; costs one forward pass "
+        "over the trajectory, counted as prefill)",
+    )
     probe_fraction: float = Field(0.25, ge=0, le=1, description="share of ready problems kept in full mode as readiness probes")
     revisit_fraction: float = Field(
         0.5, ge=0, le=1, description="share of each iteration's problems drawn from problems with replay"

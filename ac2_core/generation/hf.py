@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from ac2_core.models.device import device_of
+
 
 @dataclass(frozen=True)
 class Sample:
@@ -155,3 +157,26 @@ def _decode_batch(model, contexts, budget, *, eos_id, pad_id, generator, tempera
         k = int(lengths[i])
         samples.append(Sample(tokens[i, :k].tolist(), logps[i, :k].tolist(), "length" if alive[i] else "stop"))
     return samples
+
+
+def token_logprobs(model, contexts: list[list[int]], responses: list[list[int]], *, pad_id: int, temperature: float):
+    """Log-probs of each response token given its context: (B, T) plus a (B, T) mask, on the model's device."""
+    device = device_of(model)
+    seqs = [c + r for c, r in zip(contexts, responses)]
+    width = max(map(len, seqs))
+    T = max(map(len, responses))
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s)
+        attn[i, : len(s)] = 1
+    ids, attn = ids.to(device), attn.to(device)  # built on the CPU, one copy per micro-batch
+    logits = model(input_ids=ids, attention_mask=attn).logits.float()
+    logp = torch.log_softmax(logits[:, :-1] / temperature, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    out = torch.zeros((len(seqs), T), device=device)
+    mask = torch.zeros((len(seqs), T), device=device)
+    for i, (c, r) in enumerate(zip(contexts, responses)):
+        # the token at position p is predicted by the logits at p - 1
+        out[i, : len(r)] = logp[i, len(c) - 1 : len(c) - 1 + len(r)]
+        mask[i, : len(r)] = 1
+    return out, mask

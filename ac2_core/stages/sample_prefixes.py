@@ -10,8 +10,9 @@ import numpy as np
 
 from ac2_core.config import AC2Config
 from ac2_core.models.state import read_version
-from ac2_core.replay import choose_reference, merge_replay, pick_problems, plan_prefixes, solved_recently
-from ac2_core.stages.common import Problems, StageStats, read, rng_for, write
+from ac2_core.models.store import ModelStore
+from ac2_core.replay import choose_reference, least_likely_cuts, merge_replay, pick_problems, plan_prefixes, solved_recently
+from ac2_core.stages.common import Problems, StageStats, prompt_ids, read, rng_for, write
 
 STAGE = "sample_prefixes"
 
@@ -57,6 +58,7 @@ def run(
     actor: str,
     out_replay: str,
     out_prefixes: str,
+    store: ModelStore | None = None,
 ) -> SampleStats:
     policy_version = read_version(actor, kind="actor")
     probs = Problems.load(problems)
@@ -86,6 +88,8 @@ def run(
         for pid in chosen
         for plan in _plans(cfg, iteration, pid, by_problem[pid], ready, rng)
     ]
+    if cfg.rollout.prefix_cut == "uncertain":
+        rows = _cut_where_uncertain(cfg, rows, merged, probs, actor, store or ModelStore(cfg))
     write(cfg, STAGE, out_replay, merged, "replay")
     prefix_hash = write(cfg, STAGE, out_prefixes, rows, "prefixes")
     chunk_groups = sum(r["mode"] == "chunk" for r in rows)
@@ -99,6 +103,54 @@ def run(
         replay_trajectories=len(merged),
         prefixes_hash=prefix_hash,
     )
+
+
+def _cut_where_uncertain(
+    cfg: AC2Config, rows: list[dict], trajectories: list[dict], probs: Problems, actor: str, store: ModelStore
+) -> list[dict]:
+    """Move each chunk-mode prefix's end to right before the token of its trajectory that the
+    current actor finds least likely (the second prefix cut from one trajectory: its second
+    least likely token, and so on). Its continuations then all draw that token again, so they
+    branch there far more often than at a chunk boundary, where most of a sharp policy's
+    continuations are the same text (docs/algorithm.md, research log section 9)."""
+    import torch
+
+    from ac2_core.generation.hf import token_logprobs
+
+    by_id = {t["trajectory_id"]: t for t in trajectories}
+    limit = cfg.rollout.max_response_tokens
+    sources = sorted({r["source_trajectory_id"] for r in rows if r["mode"] == "chunk"} - {None})
+    sources = [s for s in sources if by_id[s]["token_ids"]]
+    if not sources:
+        return rows
+    policy = store.load(actor, kind="actor")
+    tok = policy.tokenizer
+    contexts = [prompt_ids(tok, probs[by_id[s]["problem_id"]]["prompt"]) for s in sources]
+    answers = [by_id[s]["token_ids"][:limit] for s in sources]
+    logprobs: dict[str, list[float]] = {}
+    scanned = {s: len(c) + len(a) for s, c, a in zip(sources, contexts, answers)}
+    step, kw = cfg.actor.micro_batch_size, dict(pad_id=tok.pad_token_id, temperature=cfg.rollout.temperature)
+    with torch.no_grad():
+        for i in range(0, len(sources), step):
+            lp, _ = token_logprobs(policy.model, contexts[i : i + step], answers[i : i + step], **kw)
+            for s, answer, row in zip(sources[i : i + step], answers[i : i + step], lp.cpu().tolist()):
+                logprobs[s] = row[: len(answer)]
+    taken: dict[str, int] = defaultdict(int)
+    out = []
+    for r in rows:
+        s = r["source_trajectory_id"]
+        if r["mode"] == "chunk" and s in logprobs:
+            cuts = least_likely_cuts(logprobs[s], limit=limit, n=taken[s] + 1)
+            if taken[s] < len(cuts):  # a trajectory with fewer tokens than prefixes keeps its boundary cuts
+                cut = cuts[taken[s]]
+                r = r | {
+                    "prefix_token_ids": list(by_id[s]["token_ids"][:cut]),
+                    "budget": min(cfg.rollout.chunk_tokens, limit - cut),
+                    "cut_scan_tokens": scanned[s],
+                }
+            taken[s] += 1
+        out.append(r)
+    return out
 
 
 def _solved_recently(cfg: AC2Config, by_problem: dict[str, list[dict]]) -> set[str]:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from ac2_core.config import AC2Config
+from ac2_core.generation.hf import token_logprobs
 from ac2_core.math import ppo_clip_loss
-from ac2_core.models.device import device_of
 from ac2_core.models.state import update_stats
 from ac2_core.models.store import ModelStore
 from ac2_core.stages import data_parallel
@@ -41,29 +41,6 @@ def ppo_batch(tok, probs: Problems, prefix_by_id: dict, chunk_by_id: dict, rows:
             (prompts[a["problem_id"]] + p["prefix_token_ids"], c["token_ids"], c["logprobs"], a["advantage"] * a["weight"])
         )
     return batch
-
-
-def token_logprobs(model, contexts: list[list[int]], responses: list[list[int]], *, pad_id: int, temperature: float):
-    """Log-probs of each response token given its context: (B, T) plus a (B, T) mask, on the model's device."""
-    device = device_of(model)
-    seqs = [c + r for c, r in zip(contexts, responses)]
-    width = max(map(len, seqs))
-    T = max(map(len, responses))
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s)
-        attn[i, : len(s)] = 1
-    ids, attn = ids.to(device), attn.to(device)  # built on the CPU, one copy per micro-batch
-    logits = model(input_ids=ids, attention_mask=attn).logits.float()
-    logp = torch.log_softmax(logits[:, :-1] / temperature, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-    out = torch.zeros((len(seqs), T), device=device)
-    mask = torch.zeros((len(seqs), T), device=device)
-    for i, (c, r) in enumerate(zip(contexts, responses)):
-        # the token at position p is predicted by the logits at p - 1
-        out[i, : len(r)] = logp[i, len(c) - 1 : len(c) - 1 + len(r)]
-        mask[i, : len(r)] = 1
-    return out, mask
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,16 @@ import pytest
 import torch
 
 from ac2_core import storage
+from ac2_core.generation.hf import token_logprobs
+from ac2_core.math import attention_width, count_non_embedding_params, prefill_flops
 from ac2_core.models.store import ModelStore
 from ac2_core.runner import inprocess
 from ac2_core.runner.layout import RunLayout
 from ac2_core.schemas import TABLES
 from ac2_core.stages import sample_prefixes
 from ac2_core.stages.common import Problems, prompt_ids
+from ac2_core.stages.evaluate import compute_bill
 from ac2_core.stages.recipe import ITERATION
-from ac2_core.stages.update_actor import token_logprobs
 from ac2_core.tasks import arith
 from tests.conftest import tiny_config
 
@@ -318,3 +320,56 @@ def test_row_aggregation_changes_the_actor_update(run_dir, tiny_cfg, tmp_path):
     lengths = {len(c["token_ids"]) for c in rows(layout, 1, "chunks")}
     assert len(lengths) > 1  # rows of different lengths, so the two weighings differ
     assert any(not torch.equal(weights["token"][k], weights["row"][k]) for k in weights["token"])
+
+
+def test_uncertain_cuts_end_each_prefix_right_before_its_least_likely_token(run_dir):
+    layout = RunLayout(str(run_dir))
+    boundary = tiny_config()
+    run_stages(boundary, layout, 1)
+    call = inprocess.stage_calls(boundary, layout, 2)[0]
+    call.run(boundary)
+    at_boundaries = rows(layout, 2, "prefixes")
+    chunked = [p for p in at_boundaries if p["mode"] == "chunk"]
+    assert chunked and all(len(p["prefix_token_ids"]) % boundary.rollout.chunk_tokens == 0 for p in chunked)
+    assert all(p["cut_scan_tokens"] is None for p in at_boundaries)
+
+    cfg = tiny_config(rollout__prefix_cut="uncertain")
+    call.run(cfg)
+    cut = rows(layout, 2, "prefixes")
+    # the same problems, sources and modes: only where each chunk-mode prefix ends moves
+    key = ("prefix_id", "mode", "source_trajectory_id", "ref_trajectory_id")
+    assert [[p[k] for k in key] for p in cut] == [[p[k] for k in key] for p in at_boundaries]
+    replay = {t["trajectory_id"]: t for t in rows(layout, 2, "replay")}
+    probs = Problems.load(layout.bootstrap("problems"))
+    actor = ModelStore(cfg).load(layout.output(1, "actor"), kind="actor")
+    limit, seen = cfg.rollout.max_response_tokens, {}
+    for p in cut:
+        if p["mode"] == "full":
+            assert p["cut_scan_tokens"] is None and p["prefix_token_ids"] == []
+            continue
+        source = replay[p["source_trajectory_id"]]["token_ids"][:limit]
+        prompt = prompt_ids(actor.tokenizer, probs[p["problem_id"]]["prompt"])
+        with torch.no_grad():
+            lp, _ = token_logprobs(actor.model, [prompt], [source], pad_id=actor.tokenizer.pad_token_id, temperature=1.0)
+        lp = lp[0].tolist()
+        at = len(p["prefix_token_ids"])
+        assert p["prefix_token_ids"] == source[:at]
+        # the first prefix cut from a trajectory ends before its least likely token, the second before the next
+        rank = seen.setdefault(p["source_trajectory_id"], 0)
+        assert sum(x < lp[at] for x in lp) == rank
+        seen[p["source_trajectory_id"]] += 1
+        assert p["budget"] == min(cfg.rollout.chunk_tokens, limit - at)
+        assert p["cut_scan_tokens"] == len(prompt) + len(source)
+    assert any(len(p["prefix_token_ids"]) % cfg.rollout.chunk_tokens for p in cut if p["mode"] == "chunk")
+
+    # the actor's scan is billed as prefill, once per chunk-mode prefix
+    for call in inprocess.stage_calls(cfg, layout, 2)[1:3]:
+        call.run(cfg)
+    chunks, scored = rows(layout, 2, "chunks"), rows(layout, 2, "scored_chunks")
+    billed = compute_bill(actor.model, chunks, cut, scored, 0, group_size=cfg.rollout.group_size)["prefill_flops"]
+    unscanned = [p | {"cut_scan_tokens": None} for p in cut]
+    without = compute_bill(actor.model, chunks, unscanned, scored, 0, group_size=cfg.rollout.group_size)["prefill_flops"]
+    n_layers, d_attn = attention_width(actor.model.config)
+    shape = dict(n_params=count_non_embedding_params(actor.model), n_layers=n_layers, d_attn=d_attn)
+    scans = sum(prefill_flops(**shape, n_tokens=p["cut_scan_tokens"]) for p in cut if p["mode"] == "chunk")
+    assert scans > 0 and billed - without == pytest.approx(scans)

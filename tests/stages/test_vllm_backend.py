@@ -21,6 +21,7 @@ import torch
 from ac2_core import storage
 from ac2_core.generation import generate
 from ac2_core.generation import vllm as vllm_backend
+from ac2_core.generation.hf import token_logprobs
 from ac2_core.generation.scoring import score_inputs
 from ac2_core.models.critic import Critic
 from ac2_core.models.hf import load_model, save_model
@@ -28,7 +29,6 @@ from ac2_core.models.store import Checkpoint, ModelStore
 from ac2_core.runner import inprocess
 from ac2_core.runner.layout import RunLayout
 from ac2_core.stages.common import Problems, prompt_ids
-from ac2_core.stages.update_actor import token_logprobs
 from tests.conftest import tiny_config
 from tests.stages.test_stages import rows, run_stages
 

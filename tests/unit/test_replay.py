@@ -11,6 +11,7 @@ from ac2_core.replay import (
     PlannedPrefix,
     choose_reference,
     cut_points,
+    least_likely_cuts,
     merge_replay,
     pick_problems,
     plan_prefixes,
@@ -319,3 +320,12 @@ def test_plan_prefixes_from_successes_cuts_only_what_succeeded_when_anything_did
     # nothing succeeded (at this threshold): every trajectory is cut from, as without the option
     none = plan_prefixes("p0", trajs, **{**kw, "rng": np.random.default_rng(0)}, success_threshold=1.5)
     assert {p.source_trajectory_id for p in none} == {"u", "f", "x"}
+
+
+def test_least_likely_cuts_orders_by_log_prob_below_the_limit_with_ties_to_the_earlier():
+    logprobs = [-0.1, -2.0, -0.5, -2.0, -9.0, -0.2]
+    # by (log-prob, position): -9.0 at 4, -2.0 at 1 and 3 (the tie: 1 first), -0.5 at 2, -0.2 at 5, -0.1 at 0
+    assert least_likely_cuts(logprobs, limit=6, n=3) == [4, 1, 3]
+    assert least_likely_cuts(logprobs, limit=4, n=3) == [1, 3, 2]  # position 4 is past the limit
+    assert least_likely_cuts(logprobs, limit=99, n=10) == [4, 1, 3, 2, 5, 0]  # no more cuts than tokens
+    assert least_likely_cuts([], limit=4, n=1) == []
