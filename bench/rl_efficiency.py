@@ -55,6 +55,12 @@ VARIANTS: dict[str, dict] = {
     "ac2_no_ref": {"critic.use_reference": False},
     "ac2_chunk8": {"rollout.chunk_tokens": 8},
     "ac2_chunk32": {"rollout.chunk_tokens": 32},
+    # chunk-mode prefixes end right before the token the actor finds least likely, gate off
+    "ac2_no_gate_uncertain": {"readiness.gate": False, "rollout.prefix_cut": "uncertain"},
+    # chunk-mode prefixes cut from successful answers (none start past a fatal slip), gate off
+    "ac2_no_gate_success": {"readiness.gate": False, "rollout.prefix_source": "success"},
+    # ... and chunk advantages divided by their group's std, as GRPO divides its rewards'
+    "ac2_no_gate_success_std": {"readiness.gate": False, "rollout.prefix_source": "success", "advantage.scale_std": True},
 }
 MAIN = ["ac2", "ac2_oracle", "grpo", "grpo_skip"]
 # The benchmark's size: the toy config with a shorter run and a denser, smaller evaluation.
@@ -308,6 +314,7 @@ def diagnose(run_dir: Path) -> dict:
         it += 1
     total = tokens["full"] + tokens["chunk"]
     preds_a, outs_a = np.asarray(preds), np.asarray(outs)
+    on_solution = chunk_groups_on_solution(run_dir)
     won = outs_a >= 0.5
     return {
         "chunk_token_share": tokens["chunk"] / total if total else 0.0,
@@ -318,6 +325,51 @@ def diagnose(run_dir: Path) -> dict:
         "mean_abs_adv_chunk": _mean(abs_adv["chunk"]),
         "critic_auc": 1 - auc_error(preds_a, outs_a) if won.any() and (~won).any() else None,
         "critic_gap": float(preds_a[won].mean() - preds_a[~won].mean()) if won.any() and (~won).any() else None,
+        **on_solution,
+    }
+
+
+def chunk_groups_on_solution(run_dir: Path) -> dict:
+    """A DIAGNOSTIC for arith: the chunk groups measured against the task's worked solution.
+
+    A chunk "stays on" when prefix + chunk is still a prefix of the worked solution (a
+    finished chunk: when it succeeded). Reports the share of chunk groups whose prefix was
+    already off it (every continuation fails alike), the share whose continuations differ
+    in staying on (the groups an oracle critic would give signal), and, within those, how
+    often the run's advantage ranks a continuation that stays on above one that leaves.
+    Nothing here feeds the run; empty for other tasks.
+    """
+    from ac2_core import storage
+    from ac2_core.models.tokenizer import load_tokenizer
+    from ac2_core.runner.layout import RunLayout
+    from ac2_core.tasks.arith import agrees
+
+    layout = RunLayout(str(run_dir))
+    problems = {p["problem_id"]: p for p in storage.read_rows(layout.bootstrap("problems"), kind="problems")}
+    if not problems or any(p["task"] != "arith" for p in problems.values()):
+        return {}
+    tokenizer = load_tokenizer(layout.bootstrap("actor"))
+    groups: dict[str, list[tuple[bool, bool, float]]] = {}
+    it = 1
+    while storage.exists(layout.output(it, "advantages")):
+        prefixes = {p["prefix_id"]: p for p in storage.read_rows(layout.output(it, "prefixes"), kind="prefixes")}
+        advantage = {a["chunk_id"]: a["advantage"] for a in storage.read_rows(layout.output(it, "advantages"), kind="advantages")}
+        for c in storage.read_rows(layout.output(it, "scored_chunks"), kind="scored_chunks"):
+            if c["mode"] != "chunk":
+                continue
+            solution = problems[c["problem_id"]]["solution"]
+            start = agrees(solution, tokenizer.decode(prefixes[c["prefix_id"]]["prefix_token_ids"]))
+            stays = (c["reward"] or 0.0) > 0 if c["finished"] else agrees(solution, tokenizer.decode(c["response_token_ids"]))
+            groups.setdefault(c["prefix_id"], []).append((start, stays, advantage[c["chunk_id"]]))
+        it += 1
+    if not groups:
+        return {}
+    mixed = [g for g in groups.values() if len({stays for _, stays, _ in g}) > 1]
+    pairs = [(a, b) for g in mixed for _, on_a, a in g if on_a for _, on_b, b in g if not on_b]
+    return {
+        "chunk_start_off": sum(not g[0][0] for g in groups.values()) / len(groups),
+        "chunk_mixed": len(mixed) / len(groups),
+        "chunk_within_auc": sum(1.0 if a > b else 0.5 if a == b else 0.0 for a, b in pairs) / len(pairs) if pairs else None,
     }
 
 
@@ -464,7 +516,7 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
     grpo_tokens = {s: runs[v, s][-1]["cum_decode_tokens"] / runs[v, s][-1]["iteration"] for v, s in runs if v == "grpo"}
 
     def med(v: str, field: str, spec: str) -> str:
-        values = [diag[v, s][field] for s in seeds if (v, s) in diag and diag[v, s][field] is not None]
+        values = [diag[v, s].get(field) for s in seeds if (v, s) in diag and diag[v, s].get(field) is not None]
         return _fmt(statistics.median(values) if values else None, spec)
 
     for v in variants:
@@ -494,6 +546,20 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
             f" | {median_of(within)}"
             f" | {med(v, 'critic_gap', '.3f')} |"
         )
+    on_solution = [v for v in variants if any(diag[k].get("chunk_mixed") is not None for k in diag if k[0] == v)]
+    if on_solution:
+        lines += [
+            "",
+            "Chunk groups against the task's worked solution (arith; a DIAGNOSTIC, nothing here feeds a run):",
+            "",
+            "| variant | prefix already off the solution | continuations differ in staying on"
+            " | advantage ranks staying on above leaving, within those |",
+            "|---|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {v} | {med(v, 'chunk_start_off', '.2f')} | {med(v, 'chunk_mixed', '.2f')} | {med(v, 'chunk_within_auc', '.3f')} |"
+            for v in on_solution
+        ]
     lines += [
         "",
         "Rows with signal: chunks the gate lets through with a non-zero advantage (a group whose"
