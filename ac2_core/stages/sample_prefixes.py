@@ -146,7 +146,7 @@ def _cut_where_uncertain(
                 r = r | {
                     "prefix_token_ids": list(by_id[s]["token_ids"][:cut]),
                     "budget": min(cfg.rollout.chunk_tokens, limit - cut),
-                    "cut_scan_tokens": scanned[s],
+                    "cut_scan_tokens": scanned[s] if taken[s] == 0 else None,  # one scan per trajectory, billed once
                 }
             taken[s] += 1
         out.append(r)
