@@ -28,6 +28,7 @@ the machine's load; FLOPs and scores do not.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -51,12 +52,25 @@ VARIANTS: dict[str, dict] = {
     "ac2_oracle": {"critic.kind": "oracle"},
     "grpo": {"algorithm": "grpo"},
     "grpo_skip": {"algorithm": "grpo", "rollout.skip_solved_groups": 2},
+    # GRPO on a quarter of the problems an iteration: about the decoding of AC2 with the gate off
+    "grpo_16": {"algorithm": "grpo", "rollout.problems_per_iteration": 16, "run.iterations": 36},
     "ac2_no_gate": {"readiness.gate": False},
     "ac2_no_ref": {"critic.use_reference": False},
     "ac2_chunk8": {"rollout.chunk_tokens": 8},
     "ac2_chunk32": {"rollout.chunk_tokens": 32},
     # chunk-mode prefixes end right before the token the actor finds least likely, gate off
     "ac2_no_gate_uncertain": {"readiness.gate": False, "rollout.prefix_cut": "uncertain"},
+    # ... with chunk advantages divided by their group's std (the oracle's magnitude, the learned critic's sign)
+    "ac2_no_gate_uncertain_std": {"readiness.gate": False, "rollout.prefix_cut": "uncertain", "advantage.scale_std": True},
+    # ... divided by max(std, 0.1): near-equal targets amplified at most 10x (offline: 95% of |A| points right)
+    "ac2_no_gate_uncertain_floor": {
+        "readiness.gate": False,
+        "rollout.prefix_cut": "uncertain",
+        "advantage.scale_std": True,
+        "advantage.std_floor": 0.1,
+    },
+    # a DIAGNOSTIC: the same structure with the oracle critic
+    "ac2_oracle_no_gate_uncertain": {"critic.kind": "oracle", "readiness.gate": False, "rollout.prefix_cut": "uncertain"},
     # chunk-mode prefixes cut from successful answers (none start past a fatal slip), gate off
     "ac2_no_gate_success": {"readiness.gate": False, "rollout.prefix_source": "success"},
     # ... and chunk advantages divided by their group's std, as GRPO divides its rewards'
@@ -582,7 +596,7 @@ def plot(runs: dict, window: int, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = dict(zip(VARIANTS, plt.get_cmap("tab10").colors))
+    colors = dict(zip(VARIANTS, itertools.cycle(plt.get_cmap("tab20").colors)))
     styles = ["-", "--", ":", "-."]
     fig, ax = plt.subplots(figsize=(8, 5))
     for (v, s), recs in sorted(runs.items()):

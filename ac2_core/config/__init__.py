@@ -264,6 +264,9 @@ class ReadinessConfig(Section):
 class AdvantageConfig(Section):
     baseline: Literal["loo", "mean", "critic"] = Field("loo", description="baseline of chunk advantages within a group")
     scale_std: bool = Field(False, description="divide chunk advantages by the group's std")
+    std_floor: float = Field(
+        0.0, ge=0, description="with scale_std, divide by at least this (a group of near-equal critic targets stays small)"
+    )
     grpo_scale_std: bool = Field(True, description="GRPO: divide by the group's reward std")
     full_groups: Literal["grpo", "chunk"] = Field(
         "grpo",

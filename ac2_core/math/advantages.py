@@ -26,6 +26,7 @@ def group_advantages(
     baseline: str = "loo",
     values_start: torch.Tensor | None = None,
     scale_std: bool = False,
+    std_floor: float = 0.0,
     eps: float = 1e-6,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row advantage `A = y - b` against a per-group baseline `b`.
@@ -41,6 +42,9 @@ def group_advantages(
             `baseline="critic"`, ignored otherwise.
         scale_std: divide advantages by the population std of the group's targets
             plus `eps`.
+        std_floor: with `scale_std`, divide by at least this: a group whose targets
+            differ by less than a real slip would make is amplified at most 1/std_floor
+            times instead of to unit size.
         eps: added to the std before dividing.
 
     Returns:
@@ -85,7 +89,7 @@ def group_advantages(
         # gets advantages of exactly ±1 under the mean baseline, as in GRPO.
         dev_sq = (targets - group_mean) ** 2
         std = (_group_sum(dev_sq, inverse, n_groups) / counts).sqrt()
-        advantages = advantages / (std[inverse] + eps)
+        advantages = advantages / (std[inverse].clamp(min=std_floor) + eps)
     return advantages, baselines
 
 

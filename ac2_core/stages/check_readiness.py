@@ -88,6 +88,7 @@ def _graded_advantages(cfg: AC2Config, scored: list[dict], ready: set[str]) -> l
             baseline=cfg.advantage.baseline,
             values_start=torch.tensor(starts, dtype=torch.float32) if None not in starts else None,
             scale_std=cfg.advantage.scale_std,
+            std_floor=cfg.advantage.std_floor,
         )
         if cfg.advantage.full_groups == "grpo":
             full = torch.tensor([s["mode"] == "full" for s in scored])

@@ -82,6 +82,14 @@ def test_std_scaling_with_loo_baseline():
     assert_close(base, t(0, 0.5, 0.5))  # the baseline itself is not scaled
 
 
+def test_std_floor_bounds_the_amplification_of_near_equal_targets():
+    targets, groups = t(0.50, 0.48, 0.9, 0.1), ids(0, 0, 1, 1)
+    adv, _ = group_advantages(targets, groups, baseline="mean", scale_std=True, std_floor=0.1, eps=0.0)
+    # group 0: mean 0.49, A = ±0.01, std 0.01 is below the floor -> ±0.01 / 0.1 = ±0.1 (unfloored: ±1)
+    # group 1: mean 0.5, A = ±0.4, std 0.4 is above the floor -> ±1
+    assert_close(adv, t(0.1, -0.1, 1, -1))
+
+
 def test_std_scaling_constant_group_is_zero_not_nan():
     adv, _ = group_advantages(t(1, 1), ids(0, 0), baseline="mean", scale_std=True)
     # A = 0 / (std 0 + eps) = 0
