@@ -343,16 +343,11 @@ def diagnose(run_dir: Path) -> dict:
     }
 
 
-def chunk_groups_on_solution(run_dir: Path) -> dict:
-    """A DIAGNOSTIC for arith: the chunk groups measured against the task's worked solution.
-
-    A chunk "stays on" when prefix + chunk is still a prefix of the worked solution (a
-    finished chunk: when it succeeded). Reports the share of chunk groups whose prefix was
-    already off it (every continuation fails alike), the share whose continuations differ
-    in staying on (the groups an oracle critic would give signal), and, within those, how
-    often the run's advantage ranks a continuation that stays on above one that leaves.
-    Nothing here feeds the run; empty for other tasks.
-    """
+def solution_groups(run_dir: Path) -> list[list[dict]]:
+    """A run's chunk groups, each row marked against the task's worked solution (arith only;
+    empty for other tasks): ``start`` (the prefix is still on it), ``stays`` (prefix + chunk
+    still is; a finished chunk: it succeeded), and the row's ``advantage``, ``target`` and
+    ``value_start`` as the run computed them. A DIAGNOSTIC: nothing here feeds a run."""
     from ac2_core import storage
     from ac2_core.models.tokenizer import load_tokenizer
     from ac2_core.runner.layout import RunLayout
@@ -361,9 +356,9 @@ def chunk_groups_on_solution(run_dir: Path) -> dict:
     layout = RunLayout(str(run_dir))
     problems = {p["problem_id"]: p for p in storage.read_rows(layout.bootstrap("problems"), kind="problems")}
     if not problems or any(p["task"] != "arith" for p in problems.values()):
-        return {}
+        return []
     tokenizer = load_tokenizer(layout.bootstrap("actor"))
-    groups: dict[str, list[tuple[bool, bool, float]]] = {}
+    groups: dict[str, list[dict]] = {}
     it = 1
     while storage.exists(layout.output(it, "advantages")):
         prefixes = {p["prefix_id"]: p for p in storage.read_rows(layout.output(it, "prefixes"), kind="prefixes")}
@@ -372,18 +367,56 @@ def chunk_groups_on_solution(run_dir: Path) -> dict:
             if c["mode"] != "chunk":
                 continue
             solution = problems[c["problem_id"]]["solution"]
-            start = agrees(solution, tokenizer.decode(prefixes[c["prefix_id"]]["prefix_token_ids"]))
             stays = (c["reward"] or 0.0) > 0 if c["finished"] else agrees(solution, tokenizer.decode(c["response_token_ids"]))
-            groups.setdefault(c["prefix_id"], []).append((start, stays, advantage[c["chunk_id"]]))
+            groups.setdefault(c["prefix_id"], []).append({
+                "start": agrees(solution, tokenizer.decode(prefixes[c["prefix_id"]]["prefix_token_ids"])),
+                "stays": stays,
+                "advantage": advantage[c["chunk_id"]],
+                "target": c["target"],
+                "value_start": c["value_start"],
+            })  # fmt: skip
         it += 1
+    return list(groups.values())
+
+
+def differs(group: list[dict]) -> bool:
+    """Whether some continuations of the group stay on the worked solution and some leave it."""
+    return len({r["stays"] for r in group}) > 1
+
+
+def advantage_aim(groups: list[list[dict]], advantages: list[list[float]]) -> tuple[float | None, float | None]:
+    """Of the total |A|: the share on groups that differ in staying on, and the share of that
+    which points the right way (staying on above the group's mean, leaving below it)."""
+    on_differ = total = right = 0.0
+    for group, adv in zip(groups, advantages):
+        total += sum(abs(a) for a in adv)
+        if differs(group):
+            on_differ += sum(abs(a) for a in adv)
+            mean = sum(r["stays"] for r in group) / len(group)
+            right += sum(abs(a) for r, a in zip(group, adv) if a * (r["stays"] - mean) > 0)
+    return (on_differ / total if total else None), (right / on_differ if on_differ else None)
+
+
+def chunk_groups_on_solution(run_dir: Path) -> dict:
+    """A DIAGNOSTIC for arith: the run's chunk groups measured against the worked solution.
+
+    The share of chunk groups whose prefix was already off it (every continuation fails
+    alike), the share whose continuations differ in staying on (the groups an oracle critic
+    would give signal), within those how often the run's advantage ranks a continuation that
+    stays on above one that leaves, and where the advantages' |A| went (``advantage_aim``).
+    """
+    groups = solution_groups(run_dir)
     if not groups:
         return {}
-    mixed = [g for g in groups.values() if len({stays for _, stays, _ in g}) > 1]
-    pairs = [(a, b) for g in mixed for _, on_a, a in g if on_a for _, on_b, b in g if not on_b]
+    mixed = [g for g in groups if differs(g)]
+    pairs = [(a["advantage"], b["advantage"]) for g in mixed for a in g if a["stays"] for b in g if not b["stays"]]
+    on_differ, right = advantage_aim(groups, [[r["advantage"] for r in g] for g in groups])
     return {
-        "chunk_start_off": sum(not g[0][0] for g in groups.values()) / len(groups),
+        "chunk_start_off": sum(not g[0]["start"] for g in groups) / len(groups),
         "chunk_mixed": len(mixed) / len(groups),
         "chunk_within_auc": sum(1.0 if a > b else 0.5 if a == b else 0.0 for a, b in pairs) / len(pairs) if pairs else None,
+        "chunk_abs_a_on_differ": on_differ,
+        "chunk_abs_a_right": right,
     }
 
 
@@ -567,11 +600,12 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
             "Chunk groups against the task's worked solution (arith; a DIAGNOSTIC, nothing here feeds a run):",
             "",
             "| variant | prefix already off the solution | continuations differ in staying on"
-            " | advantage ranks staying on above leaving, within those |",
-            "|---|---:|---:|---:|",
+            " | advantage ranks staying on above leaving, within those | share of |A| on those | of which points right |",
+            "|---|---:|---:|---:|---:|---:|",
         ]
         lines += [
-            f"| {v} | {med(v, 'chunk_start_off', '.2f')} | {med(v, 'chunk_mixed', '.2f')} | {med(v, 'chunk_within_auc', '.3f')} |"
+            f"| {v} | {med(v, 'chunk_start_off', '.2f')} | {med(v, 'chunk_mixed', '.2f')} | {med(v, 'chunk_within_auc', '.3f')}"
+            f" | {med(v, 'chunk_abs_a_on_differ', '.3f')} | {med(v, 'chunk_abs_a_right', '.3f')} |"
             for v in on_solution
         ]
     lines += [
