@@ -74,7 +74,7 @@ def check_gpu_fit(cfg: AC2Config) -> None:
     for stage in gpu.stages:
         role = role_of(stage)
         if role is None:
-            continue  # a stage without models (sample_prefixes, check_readiness) uses what it is given
+            continue  # a stage of one process (sample_prefixes, check_readiness) uses what it is given
         lay = layout(cfg, role)
         each = f" x {lay.gpus_each_field} ({lay.gpus_each})" if lay.gpus_each_field else ""
         if lay.processes is None:
