@@ -70,11 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     lines.append(f"| as the runs computed them | {on:.3f} | {right:.3f} | {mean:.3f} |")
     for name, kw in rules(args.floors).items():
         adv, _ = group_advantages(targets, ids, baseline="loo", **kw)
-        per_group, k = [], 0
-        for g in groups:
-            per_group.append(adv[k : k + len(g)].tolist())
-            k += len(g)
-        on, right = advantage_aim(groups, per_group)
+        on, right = advantage_aim(groups, [a.tolist() for a in adv.split([len(g) for g in groups])])
         lines.append(f"| {name} | {on:.3f} | {right:.3f} | {float(adv.abs().mean()):.3f} |")
     text = "\n".join(lines) + "\n"
     Path(args.results).write_text(text)

@@ -34,6 +34,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from rl_efficiency import key_value, worked_solution  # noqa: E402
 
 TOY = ROOT / "pipelines" / "configs" / "toy.yaml"
 RESULTS = ROOT / "bench" / "results" / "prefix_cuts.md"
@@ -41,27 +44,8 @@ CUTS = ("boundary", "uncertain")
 SOURCES = ("any", "success")
 
 
-def _key_value(text: str) -> tuple[str, object]:
-    key, sep, value = text.partition("=")
-    if not sep:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    for kind in (int, float):
-        try:
-            return key, kind(value)
-        except ValueError:
-            pass
-    return key, {"true": True, "false": False}.get(value.lower(), value)
-
-
-def measure(layout, prefixes: list[dict], chunks: list[dict]) -> dict:
-    """The groups of one setting against the worked solution (see the module docstring)."""
-    from ac2_core import storage
-    from ac2_core.models.tokenizer import load_tokenizer
-    from ac2_core.tasks.arith import agrees
-
-    problems = {p["problem_id"]: p for p in storage.read_rows(layout.bootstrap("problems"), kind="problems")}
-    tokenizer = load_tokenizer(layout.bootstrap("actor"))
-    text = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+def measure(on, prefixes: list[dict], chunks: list[dict]) -> dict:
+    """The groups of one setting against the worked solution (``on``: ``rl_efficiency.worked_solution``)."""
     by_prefix: dict[str, list[dict]] = {}
     for c in chunks:
         by_prefix.setdefault(c["prefix_id"], []).append(c)
@@ -69,44 +53,29 @@ def measure(layout, prefixes: list[dict], chunks: list[dict]) -> dict:
     for p in prefixes:
         if p["mode"] != "chunk":
             continue
-        solution, group = problems[p["problem_id"]]["solution"], by_prefix[p["prefix_id"]]
-        stays = {agrees(solution, text(p["prefix_token_ids"] + c["token_ids"])) for c in group}
+        group = by_prefix[p["prefix_id"]]
+        stays = {on(p["problem_id"], p["prefix_token_ids"] + c["token_ids"]) for c in group}
         counts["groups"] += 1
         counts["identical"] += len({tuple(c["token_ids"]) for c in group}) == 1
-        counts["off"] += not agrees(solution, text(p["prefix_token_ids"]))
+        counts["off"] += not on(p["problem_id"], p["prefix_token_ids"])
         counts["differ"] += len(stays) > 1
         counts["tokens"] += sum(len(c["token_ids"]) for c in group)
     return counts
 
 
-def run_setting(cfg, layout, iteration: int, store, out: Path) -> dict:
-    """``sample_prefixes`` then ``generate_chunks`` of a would-be next iteration, into ``out``."""
+def run_setting(cfg, layout, iteration: int, store, out: Path, on) -> dict:
+    """``sample_prefixes`` then ``generate_chunks`` of a would-be next iteration, wired by the
+    recipe to the run's artifacts, with this iteration's outputs under ``out``."""
     from ac2_core import storage
-    from ac2_core.stages import generate_chunks, sample_prefixes
+    from ac2_core.stages.recipe import calls
 
-    sample_prefixes.run(
-        cfg,
-        iteration=iteration + 1,
-        problems=layout.bootstrap("problems"),
-        replay=layout.output(iteration, "replay"),
-        scored_chunks=layout.output(iteration, "scored_chunks"),
-        readiness=layout.output(iteration, "readiness"),
-        actor=layout.output(iteration, "actor"),
-        out_replay=str(out / "replay"),
-        out_prefixes=str(out / "prefixes"),
-        store=store,
-    )
-    generate_chunks.run(
-        cfg,
-        iteration=iteration + 1,
-        problems=layout.bootstrap("problems"),
-        prefixes=str(out / "prefixes"),
-        actor=layout.output(iteration, "actor"),
-        out_chunks=str(out / "chunks"),
-        store=store,
-    )
+    def published(it: int, name: str) -> str:
+        return str(out / name) if it == iteration + 1 else layout.output(it, name)
+
+    for call in calls(cfg, iteration + 1, published)[:2]:  # sample_prefixes, generate_chunks
+        call.run(cfg, store=store)
     prefixes = storage.read_rows(str(out / "prefixes"), kind="prefixes")
-    return measure(layout, prefixes, storage.read_rows(str(out / "chunks"), kind="chunks"))
+    return measure(on, prefixes, storage.read_rows(str(out / "chunks"), kind="chunks"))
 
 
 def render(args: argparse.Namespace, totals: dict, iteration: int, elapsed: float) -> str:
@@ -139,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", required=True, help="a finished run folder (one variant and seed of rl_efficiency)")
     p.add_argument("--config", default=str(TOY))
-    p.add_argument("--set", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
+    p.add_argument("--set", action="append", type=key_value, default=[], metavar="KEY=VALUE",
                    help="config override, e.g. --set readiness.gate=false (the run's own)")  # fmt: skip
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3])
     p.add_argument("--chunk-tokens", nargs="+", type=int, default=[8, 16])
@@ -162,6 +131,9 @@ def main(argv: list[str] | None = None) -> None:
         base = load_config(args.config, dict(args.set))
     except ConfigError as e:
         raise SystemExit(str(e)) from None
+    on = worked_solution(layout)
+    if on is None:
+        raise SystemExit(f"{args.run}: not an arith run; the groups are measured against its worked solution")
     store = ModelStore(base, keep_in_memory=True)
     totals: dict[tuple, dict] = {}
     t0 = time.perf_counter()
@@ -169,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
         for (cut, source, width), seed in itertools.product(itertools.product(CUTS, SOURCES, args.chunk_tokens), args.seeds):
             overrides = {"rollout.prefix_cut": cut, "rollout.prefix_source": source, "rollout.chunk_tokens": width, "seed": seed}
             cfg = load_config(args.config, {**dict(args.set), **overrides})
-            counts = run_setting(cfg, layout, iteration, store, Path(tmp) / f"{cut}-{source}-{width}-{seed}")
+            counts = run_setting(cfg, layout, iteration, store, Path(tmp) / f"{cut}-{source}-{width}-{seed}", on)
             total = totals.setdefault((cut, source, width), dict.fromkeys(counts, 0))
             for k, v in counts.items():
                 total[k] += v

@@ -343,21 +343,33 @@ def diagnose(run_dir: Path) -> dict:
     }
 
 
+def worked_solution(layout):
+    """For arith, ``on(problem_id, token_ids)``: whether an answer written so far is still a
+    prefix of the problem's worked solution (a DIAGNOSTIC: a run never sees it); None for
+    other tasks."""
+    from ac2_core import storage
+    from ac2_core.models.tokenizer import load_tokenizer
+    from ac2_core.tasks.arith import agrees
+
+    problems = {p["problem_id"]: p for p in storage.read_rows(layout.bootstrap("problems"), kind="problems")}
+    if not problems or any(p["task"] != "arith" for p in problems.values()):
+        return None
+    tokenizer = load_tokenizer(layout.bootstrap("actor"))
+    return lambda pid, ids: agrees(problems[pid]["solution"], tokenizer.decode(ids, skip_special_tokens=True))
+
+
 def solution_groups(run_dir: Path) -> list[list[dict]]:
     """A run's chunk groups, each row marked against the task's worked solution (arith only;
     empty for other tasks): ``start`` (the prefix is still on it), ``stays`` (prefix + chunk
     still is; a finished chunk: it succeeded), and the row's ``advantage``, ``target`` and
     ``value_start`` as the run computed them. A DIAGNOSTIC: nothing here feeds a run."""
     from ac2_core import storage
-    from ac2_core.models.tokenizer import load_tokenizer
     from ac2_core.runner.layout import RunLayout
-    from ac2_core.tasks.arith import agrees
 
     layout = RunLayout(str(run_dir))
-    problems = {p["problem_id"]: p for p in storage.read_rows(layout.bootstrap("problems"), kind="problems")}
-    if not problems or any(p["task"] != "arith" for p in problems.values()):
+    on = worked_solution(layout)
+    if on is None:
         return []
-    tokenizer = load_tokenizer(layout.bootstrap("actor"))
     groups: dict[str, list[dict]] = {}
     it = 1
     while storage.exists(layout.output(it, "advantages")):
@@ -366,11 +378,10 @@ def solution_groups(run_dir: Path) -> list[list[dict]]:
         for c in storage.read_rows(layout.output(it, "scored_chunks"), kind="scored_chunks"):
             if c["mode"] != "chunk":
                 continue
-            solution = problems[c["problem_id"]]["solution"]
-            stays = (c["reward"] or 0.0) > 0 if c["finished"] else agrees(solution, tokenizer.decode(c["response_token_ids"]))
+            pid = c["problem_id"]
             groups.setdefault(c["prefix_id"], []).append({
-                "start": agrees(solution, tokenizer.decode(prefixes[c["prefix_id"]]["prefix_token_ids"])),
-                "stays": stays,
+                "start": on(pid, prefixes[c["prefix_id"]]["prefix_token_ids"]),
+                "stays": (c["reward"] or 0.0) > 0 if c["finished"] else on(pid, c["response_token_ids"]),
                 "advantage": advantage[c["chunk_id"]],
                 "target": c["target"],
                 "value_start": c["value_start"],
@@ -674,7 +685,7 @@ def write_results(args: argparse.Namespace, elapsed: float | None) -> None:
 # ---------------------------------------------------------------- main
 
 
-def _key_value(text: str) -> tuple[str, object]:
+def key_value(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"--set takes KEY=VALUE (dotted keys), found {text!r}")
@@ -687,7 +698,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--variants", nargs="+", default=MAIN, choices=list(VARIANTS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--bootstrap-seed", type=int, default=0, help="seed of the one warm start every run adopts")
-    p.add_argument("--set", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
+    p.add_argument("--set", action="append", type=key_value, default=[], metavar="KEY=VALUE",
                    help="config override for every run (dotted key), e.g. --set run.iterations=60")  # fmt: skip
     p.add_argument("--smooth", type=int, default=3, help="evaluations in the moving average")
     p.add_argument("--jobs", type=int, default=3, help="seeds run at once, one process each")

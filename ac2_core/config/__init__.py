@@ -275,6 +275,12 @@ class AdvantageConfig(Section):
         "advantage (baseline, scale_std)",
     )
 
+    @model_validator(mode="after")
+    def _floor_needs_scaling(self) -> AdvantageConfig:
+        if self.std_floor > 0 and not self.scale_std:
+            raise ValueError(f"std_floor ({self.std_floor}) bounds the std that scale_std divides by; set scale_std true")
+        return self
+
 
 class ActorConfig(Section):
     lr: float = Field(1e-4, gt=0, description="AdamW learning rate of the policy")

@@ -80,7 +80,7 @@ def compute_bill(model, chunks, prefixes, scored, trained_tokens: int, *, group_
     decode = sum(decode_flops(**shape, start=c["context_tokens"], n_tokens=len(c["token_ids"])) for c in chunks)
     context = {c["prefix_id"]: c["context_tokens"] for c in chunks}
     prefill = sum(prefill_flops(**shape, n_tokens=context[p["prefix_id"]]) for p in prefixes if p["prefix_id"] in context)
-    prefill += sum(prefill_flops(**shape, n_tokens=p["cut_scan_tokens"]) for p in prefixes if p.get("cut_scan_tokens"))
+    prefill += sum(prefill_flops(**shape, n_tokens=p["cut_scan_tokens"]) for p in prefixes if p["cut_scan_tokens"])
     modes = {p["prefix_id"]: (p["mode"], p["problem_id"]) for p in prefixes}
     full_lengths = [len(c["token_ids"]) for c in chunks if modes[c["prefix_id"]][0] == "full"]
     chunk_problems = {modes[c["prefix_id"]][1] for c in chunks if modes[c["prefix_id"]][0] == "chunk"}

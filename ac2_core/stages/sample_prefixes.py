@@ -135,14 +135,15 @@ def _cut_where_uncertain(
             lp, _ = token_logprobs(policy.model, contexts[i : i + step], answers[i : i + step], **kw)
             for s, answer, row in zip(sources[i : i + step], answers[i : i + step], lp.cpu().tolist()):
                 logprobs[s] = row[: len(answer)]
+    # one problem's prefixes are the most cut from one trajectory
+    cuts = {s: least_likely_cuts(lp, limit=limit, n=cfg.rollout.prefixes_per_problem) for s, lp in logprobs.items()}
     taken: dict[str, int] = defaultdict(int)
     out = []
     for r in rows:
         s = r["source_trajectory_id"]
-        if r["mode"] == "chunk" and s in logprobs:
-            cuts = least_likely_cuts(logprobs[s], limit=limit, n=taken[s] + 1)
-            if taken[s] < len(cuts):  # a trajectory with fewer tokens than prefixes keeps its boundary cuts
-                cut = cuts[taken[s]]
+        if r["mode"] == "chunk" and s in cuts:
+            if taken[s] < len(cuts[s]):  # a trajectory with fewer tokens than prefixes keeps its boundary cuts
+                cut = cuts[s][taken[s]]
                 r = r | {
                     "prefix_token_ids": list(by_id[s]["token_ids"][:cut]),
                     "budget": min(cfg.rollout.chunk_tokens, limit - cut),

@@ -72,6 +72,10 @@ def test_unknown_key_names_the_dotted_field(data, field):
             {"critic": {"surprise": True, "scoring_backend": "vllm"}},
             ["critic.surprise: surprise reads the critic's next-token head", "scoring_backend hf"],
         ),
+        (
+            {"advantage": {"std_floor": 0.1}},
+            ["std_floor (0.1) bounds the std that scale_std divides by", "set scale_std true"],
+        ),
     ],
 )
 def test_out_of_range_values_name_the_field(data, expected):
