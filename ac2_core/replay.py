@@ -123,9 +123,16 @@ def plan_prefixes(
     max_response_tokens: int,
     rng: np.random.Generator,
     success_threshold: float | None = None,
+    since_iteration: int | None = None,
 ) -> list[PlannedPrefix]:
     """Full mode: one empty prefix with the whole budget. Chunk mode: up to ``k`` prefixes
     cut at chunk boundaries of replayed trajectories, each with budget ``chunk_tokens``.
+
+    With ``since_iteration``, prefixes are cut only from whole answers (full-mode
+    trajectories, not continuations stitched onto an older prefix) sampled at that
+    iteration or later; a problem without one is planned in full mode, which gives it a
+    fresh answer. Left alone, a problem kept in chunk mode is continued from states an
+    ever older policy wrote (docs/algorithm.md, research log section 10).
 
     With ``success_threshold``, prefixes are cut only from the trajectories that finished
     with at least that reward, when the problem has any: a state on a path that succeeded
@@ -135,6 +142,8 @@ def plan_prefixes(
     full = [PlannedPrefix(problem_id, "full", None, [], max_response_tokens)]
     if not chunk_mode:
         return full
+    if since_iteration is not None:
+        trajectories = [t for t in trajectories if t["source_trajectory_id"] is None and t["iteration"] >= since_iteration]
     if success_threshold is not None:
         succeeded = [t for t in trajectories if t["finished"] and t["reward"] is not None and t["reward"] >= success_threshold]
         trajectories = succeeded or trajectories

@@ -215,6 +215,13 @@ class RolloutConfig(Section):
         "the current actor finds least likely there (where continuations branch most often; costs one forward pass "
         "over the trajectory, counted as prefill)",
     )
+    prefix_max_age: int | None = Field(
+        None,
+        ge=1,
+        description="cut chunk-mode prefixes only from whole answers (not stitched continuations) sampled within the "
+        "last this many iterations; a problem without one is rolled out in full, refreshing its replay; unset: any "
+        "replayed trajectory, however old",
+    )
     probe_fraction: float = Field(0.25, ge=0, le=1, description="share of ready problems kept in full mode as readiness probes")
     revisit_fraction: float = Field(
         0.5, ge=0, le=1, description="share of each iteration's problems drawn from problems with replay"

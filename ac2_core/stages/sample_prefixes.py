@@ -180,6 +180,7 @@ def _plans(cfg: AC2Config, iteration: int, pid: str, trajectories: list[dict], r
         max_response_tokens=cfg.rollout.max_response_tokens,
         rng=rng,
         success_threshold=cfg.replay.success_threshold if cfg.rollout.prefix_source == "success" else None,
+        since_iteration=None if cfg.rollout.prefix_max_age is None else iteration - cfg.rollout.prefix_max_age,
     )
     for k, plan in enumerate(plans):
         ref = None

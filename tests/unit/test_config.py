@@ -56,6 +56,7 @@ def test_unknown_key_names_the_dotted_field(data, field):
     [
         ({"rollout": {"group_size": 1}}, ["rollout.group_size:", "greater than or equal to 2", "found 1"]),
         ({"readiness": {"max_error": -1}}, ["readiness.max_error:", "greater than or equal to 0", "found -1"]),
+        ({"rollout": {"prefix_max_age": 0}}, ["rollout.prefix_max_age:", "greater than or equal to 1", "found 0"]),
         ({"model": {"tiny": {"head_dim": 16}}}, ["model.tiny.head_dim:", "greater than or equal to 32", "found 16"]),
         # Cross-field checks are reported on the section, naming the field(s) inside it.
         (

@@ -322,6 +322,18 @@ def test_plan_prefixes_from_successes_cuts_only_what_succeeded_when_anything_did
     assert {p.source_trajectory_id for p in none} == {"u", "f", "x"}
 
 
+def test_plan_prefixes_since_an_iteration_cuts_only_recent_whole_answers():
+    stitched = _traj("s", iteration=5, pv=5, finished=False, reward=None, n=32) | {"source_trajectory_id": "f"}
+    recent = _traj("r", iteration=4, pv=4, finished=True, reward=0.0, n=20)
+    trajs = [*_replay(), stitched, recent]  # _replay's "u" is from iteration 2, "f" from 1
+    kw = dict(chunk_mode=True, k=100, chunk_tokens=L, max_response_tokens=MAX, rng=np.random.default_rng(0))
+    assert {p.source_trajectory_id for p in plan_prefixes("p0", trajs, **kw)} == {"u", "f", "s", "r"}
+    assert {p.source_trajectory_id for p in plan_prefixes("p0", trajs, **kw, since_iteration=2)} == {"u", "r"}
+    assert {p.source_trajectory_id for p in plan_prefixes("p0", trajs, **kw, since_iteration=3)} == {"r"}
+    # nothing recent enough (the stitched continuation does not count): a fresh full answer instead
+    assert plan_prefixes("p0", trajs, **kw, since_iteration=5) == [PlannedPrefix("p0", "full", None, [], MAX)]
+
+
 def test_least_likely_cuts_orders_by_log_prob_below_the_limit_with_ties_to_the_earlier():
     logprobs = [-0.1, -2.0, -0.5, -2.0, -9.0, -0.2]
     # by (log-prob, position): -9.0 at 4, -2.0 at 1 and 3 (the tie: 1 first), -0.5 at 2, -0.2 at 5, -0.1 at 0
