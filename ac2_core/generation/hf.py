@@ -1,9 +1,11 @@
 """The ``hf`` generation backend: continue token-id contexts with a transformers model.
 
-A small sampling loop over the model's forward with a KV cache, rather than
-``model.generate``: it gives exact behaviour log-probs under the sampling temperature,
-a seeded ``torch.Generator`` per batch (no global RNG), and rows that stop at their own
-budget. Contexts are token ids and are never re-tokenized.
+A small sampling loop over the model's forward with a KV cache (``decoders.py``: one
+allocated once per batch for Qwen3 models, transformers' ``DynamicCache`` for others, the
+same logits bit for bit), rather than ``model.generate``: it gives exact behaviour
+log-probs under the sampling temperature, a seeded ``torch.Generator`` per batch (no
+global RNG), and rows that stop at their own budget. Contexts are token ids and are never
+re-tokenized.
 
 It runs where the model is: batches are built on the model's device, sampled there with
 a generator on that device, and only the finished rows come back to the CPU. A seed
@@ -17,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
 
+from ac2_core.generation.decoders import decoder_for
 from ac2_core.models.device import device_of
 
 
@@ -106,7 +108,7 @@ def _clip(s: Sample, budget: int) -> Sample:
     return Sample(s.token_ids[:budget], s.logprobs[:budget], "length")
 
 
-def _decode_batch(model, contexts, budget, *, eos_id, pad_id, generator, temperature, greedy) -> list[Sample]:
+def _decode_batch(model, contexts, budget, *, eos_id, pad_id, generator, temperature, greedy, decoder=None) -> list[Sample]:
     B = len(contexts)
     width = max(len(c) for c in contexts)
     device = next(model.parameters()).device
@@ -117,26 +119,17 @@ def _decode_batch(model, contexts, budget, *, eos_id, pad_id, generator, tempera
         mask[i, width - len(c) :] = 1
     input_ids, mask = input_ids.to(device), mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache()
+    # Finished rows stay in the batch (masked, fed pad): dropping them would change the
+    # shapes of the matmuls and the sampler's random draws, and so the other rows' bits.
+    steps = (decoder or decoder_for(model))(model, input_ids, mask, positions, steps=budget)
     tokens = torch.zeros((B, budget), dtype=torch.long, device=device)
     logps = torch.zeros((B, budget), dtype=torch.float32, device=device)
     lengths = torch.full((B,), budget, dtype=torch.long, device=device)
     alive = torch.ones(B, dtype=torch.bool, device=device)
-    step_ids, step_pos = input_ids, positions
+    pads = torch.full((B,), pad_id, dtype=torch.long, device=device)
+    logits = steps.prefill()
     for t in range(budget):
-        logits = (
-            model(
-                input_ids=step_ids,
-                attention_mask=mask,
-                position_ids=step_pos,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            .logits[:, -1, :]
-            .float()
-        )
-        logprobs = torch.log_softmax(logits / temperature, dim=-1)
+        logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
         if greedy:
             nxt = logprobs.argmax(-1)
         else:
@@ -146,11 +139,9 @@ def _decode_batch(model, contexts, budget, *, eos_id, pad_id, generator, tempera
         stopped = alive & (nxt == eos_id)
         lengths[stopped] = t + 1
         alive &= ~stopped
-        if not alive.any():
+        if t + 1 == budget or not alive.any():
             break
-        step_ids = torch.where(alive, nxt, torch.full_like(nxt, pad_id))[:, None]
-        mask = torch.cat([mask, alive.long()[:, None]], dim=1)
-        step_pos = step_pos[:, -1:] + 1
+        logits = steps.step(torch.where(alive, nxt, pads), alive)
     tokens, logps, lengths, alive = tokens.cpu(), logps.cpu(), lengths.cpu(), alive.cpu()
     samples = []
     for i in range(B):

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+import random
+
 import pytest
 import torch
 
 from ac2_core.config import TinyModelConfig
 from ac2_core.generation import generate
+from ac2_core.generation.decoders import DynamicCacheDecoder, StaticKVDecoder, decoder_for
+from ac2_core.generation.hf import _decode_batch
 from ac2_core.models.tiny import build_tiny_model
 from ac2_core.models.tokenizer import build_tokenizer
 
@@ -102,3 +107,77 @@ def test_eos_ends_a_row_and_is_kept(lm):
         assert len(s.token_ids) == 2 and s.token_ids[1] == tok.eos_token_id
         assert s.finish_reason == "stop"
         assert s.logprobs[1] > -1e-3  # eos was near-certain
+
+
+# The static-cache decoder must sample exactly what the model's own forward samples: it is
+# checked against DynamicCacheDecoder (transformers' forward and cache) for the three layouts
+# of grouped-query attention: one key/value head (repeat_kv is a stride-0 view), fewer key/value
+# heads than query heads (a copy, which repeat_heads keeps in the cache instead), and as many
+# (no repeat).
+LAYOUTS = [(2, 1, True), (4, 2, True), (4, 2, False), (2, 2, True)]
+
+
+def _lm(heads, kv_heads):
+    tok = build_tokenizer(["12+34=46;#46", "7+8=15;#15"])
+    cfg = TinyModelConfig(
+        hidden_size=64, num_layers=2, num_heads=heads, num_kv_heads=kv_heads, head_dim=32, intermediate_size=128
+    )
+    return build_tiny_model(tok, cfg, seed=5), tok
+
+
+def _contexts(n, seed):
+    rng = random.Random(seed)
+    return [[rng.randrange(4, 260) for _ in range(rng.randint(1, 25))] for _ in range(n)]
+
+
+def _left_padded(contexts, pad_id):
+    width = max(map(len, contexts))
+    ids = torch.full((len(contexts), width), pad_id)
+    mask = torch.zeros_like(ids)
+    for i, c in enumerate(contexts):
+        ids[i, width - len(c) :], mask[i, width - len(c) :] = torch.tensor(c), 1
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def test_qwen3_under_eager_attention_decodes_over_the_static_cache(lm):
+    model, tok = lm
+    assert decoder_for(model) is StaticKVDecoder
+    assert decoder_for(_EosOnDecodeSteps(model, tok.eos_token_id)) is DynamicCacheDecoder
+    with pytest.raises(ValueError, match="StaticKVDecoder decodes a Qwen3ForCausalLM.*found _EosOnDecodeSteps"):
+        StaticKVDecoder(_EosOnDecodeSteps(model, tok.eos_token_id), *_left_padded([[5]], 0), steps=2)
+
+
+@pytest.mark.parametrize("heads,kv_heads,repeat_heads", LAYOUTS)
+def test_static_cache_samples_equal_the_reference_decode_bit_for_bit(heads, kv_heads, repeat_heads):
+    model, tok = _lm(heads, kv_heads)
+    contexts = _contexts(24, seed=heads * 10 + kv_heads)
+    kw = dict(eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperature=2.5, greedy=False)
+    out = []
+    for decoder in (DynamicCacheDecoder, functools.partial(StaticKVDecoder, repeat_heads=repeat_heads)):
+        generator = torch.Generator().manual_seed(7)
+        out.append(_decode_batch(model, contexts, 40, generator=generator, decoder=decoder, **kw))
+    reference, static = out
+    reasons = [s.finish_reason for s in reference]
+    assert "stop" in reasons and "length" in reasons  # rows that stop early, and rows decoded to the budget
+    assert [s.token_ids for s in static] == [s.token_ids for s in reference]
+    assert [s.logprobs for s in static] == [s.logprobs for s in reference]  # float equality: the same bits
+    assert [s.finish_reason for s in static] == reasons
+
+
+@pytest.mark.parametrize("heads,kv_heads,repeat_heads", LAYOUTS)
+def test_static_cache_logits_equal_the_models_forward_with_masked_rows(heads, kv_heads, repeat_heads):
+    model, tok = _lm(heads, kv_heads)
+    batch = _left_padded(_contexts(6, seed=1), tok.pad_token_id)
+    reference = DynamicCacheDecoder(model, *batch, steps=5)
+    static = StaticKVDecoder(model, *batch, steps=5, repeat_heads=repeat_heads)
+    with torch.no_grad():
+        a, b = reference.prefill(), static.prefill()
+        assert torch.equal(a, b)
+        alive = torch.ones(6, dtype=torch.bool)
+        for t in range(4):
+            alive[t] = False  # a row that stopped is fed pad and masked from then on
+            ids = torch.where(alive, a.argmax(-1), torch.full_like(alive, tok.pad_token_id, dtype=torch.long))
+            a, b = reference.step(ids, alive), static.step(ids, alive)
+            assert torch.equal(a, b), f"step {t}: logits differ by up to {float((a - b).abs().max())}"
+        with pytest.raises(ValueError, match="all .* cache columns are used"):
+            static.step(ids, alive)
