@@ -105,9 +105,11 @@ class StaticKVDecoder:
         # repeat_kv is a view for one key/value head or one query head per key head, else a copy
         self.repeated = repeat_heads and self.groups > 1 and config.num_key_value_heads > 1
         self.capacity = input_ids.shape[1] + max(steps - 1, 0)
-        self.keys: list[torch.Tensor] = []  # per layer, (B, heads, capacity, D)
+        self.keys: list[torch.Tensor] = []  # per layer, (B, heads, capacity, D): slot s holds row rows[s]
         self.values: list[torch.Tensor] = []
         self.length = 0  # columns filled
+        self.live = input_ids.shape[0]  # slots [0, live) hold the rows still decoding
+        self.rows = torch.arange(self.live, device=input_ids.device)
 
     def prefill(self) -> torch.Tensor:
         """The logits after each context, through the model's forward: (B, V). Fills the buffers."""
@@ -129,12 +131,17 @@ class StaticKVDecoder:
         return logits
 
     def step(self, ids: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
-        """Feed one token a row (ids: (B,) long; rows with alive (B,) False are masked): (B, V) logits."""
+        """Feed one token a row (ids: (B,) long; alive: (B,) bool): (B, V) logits.
+
+        The logits of the alive rows are the model's forward's, bit for bit. A row once not
+        alive never is again: it leaves the attention, and its logits, finite, mean nothing.
+        """
         t = self.length
         if t >= self.capacity:
             raise ValueError(f"StaticKVDecoder: all {self.capacity} cache columns are used; steps= was too small")
+        self._drop_finished(alive)
         self.length += 1
-        self.bias[:, 0, 0, t] = torch.where(alive, self.attended, self.masked)
+        self.bias[: self.live, 0, 0, t] = self.attended
         self.positions = self.positions[:, -1:] + 1
         lm = self.model.model
         hidden = lm.embed_tokens(ids[:, None])
@@ -147,21 +154,43 @@ class StaticKVDecoder:
         hidden = lm.norm(hidden)
         return self.model.lm_head(hidden[:, -1:, :])[:, -1, :]
 
+    def _drop_finished(self, alive: torch.Tensor) -> None:
+        """Keep the rows still alive in slots [0, live): each row that finished gives its slot to
+        the last alive row past the new end, so only as many rows are copied as finished."""
+        keep = alive[self.rows[: self.live]]
+        live = int(keep.sum())
+        if live == self.live:
+            return
+        holes = (~keep[:live]).nonzero().squeeze(1)
+        movers = keep[live:].nonzero().squeeze(1) + live
+        t = self.length
+        for buffer in (*self.keys, *self.values):
+            buffer[holes, :, :t] = buffer[movers, :, :t]
+        self.bias[holes, :, :, :t] = self.bias[movers, :, :, :t]
+        self.rows[holes] = self.rows[movers]
+        self.live = live
+
     def _attention(self, attn, hidden, cos, sin, i: int) -> torch.Tensor:
-        # Qwen3Attention.forward and eager_attention_forward, with the cache written in place
-        T = self.length
+        # Qwen3Attention.forward and eager_attention_forward, with the cache written in place, over
+        # the alive rows only: each row's matmuls and softmax are its own, whatever the batch holds
+        T, n, B = self.length, self.live, hidden.shape[0]
         shape = (*hidden.shape[:-1], -1, attn.head_dim)
         query = attn.q_norm(attn.q_proj(hidden).view(shape)).transpose(1, 2)
         key = attn.k_norm(attn.k_proj(hidden).view(shape)).transpose(1, 2)
         value = attn.v_proj(hidden).view(shape).transpose(1, 2)
         query, key = apply_rotary_pos_emb(query, key, cos, sin)
-        self.keys[i][:, :, T - 1 : T] = self._stored(key)
-        self.values[i][:, :, T - 1 : T] = self._stored(value)
-        keys, values = self._used(self.keys[i][:, :, :T]), self._used(self.values[i][:, :, :T])
+        if n < B:
+            rows = self.rows[:n]
+            query, key, value = query[rows], key[rows], value[rows]
+        self.keys[i][:n, :, T - 1 : T] = self._stored(key)
+        self.values[i][:n, :, T - 1 : T] = self._stored(value)
+        keys, values = self._used(self.keys[i][:n, :, :T]), self._used(self.values[i][:n, :, :T])
         weights = torch.matmul(query, keys.transpose(2, 3)) * attn.scaling
-        weights = weights + self.bias[..., :T]
+        weights = weights + self.bias[:n, :, :, :T]
         weights = nn.functional.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
         out = torch.matmul(weights, values).transpose(1, 2).contiguous()
+        if n < B:  # a finished row attends to nothing: zeros keep its logits finite for the sampler
+            out = out.new_zeros((B, *out.shape[1:])).index_copy_(0, rows, out)
         return attn.o_proj(out.reshape(*hidden.shape[:-1], -1).contiguous())
 
     def _stored(self, x: torch.Tensor) -> torch.Tensor:
