@@ -1,6 +1,7 @@
 """The forward passes of the ``hf`` sampling loop: a prefill of the contexts, then one token a step.
 
-Two decoders give the same logits bit for bit, so which one runs never changes a sample:
+Two decoders give the rows still decoding the same logits bit for bit, so which one runs
+never changes a sample:
 
 - ``DynamicCacheDecoder`` calls the model's own forward with a ``DynamicCache``, for any
   causal LM. transformers grows that cache and the attention mask by concatenation on
@@ -12,7 +13,9 @@ Two decoders give the same logits bit for bit, so which one runs never changes a
   attention adds) and runs the layers' own modules. A step writes one column of each.
   On CPU the keys and values are held repeated to the query heads, so no step copies the
   cache. The attention is eager attention's, op for op and on the same shapes (a step
-  reads the buffers' first ``T`` columns as views), so the logits are the same bits.
+  reads the buffers' first ``T`` columns as views), so the logits are the same bits. A
+  row that has stopped leaves the attention: its matmuls and softmax are its own, so the
+  other rows' bits do not change; the linear layers still see the whole batch.
 
 Both prefill through the model's forward, so the first token of a row is sampled from
 the same logits either way.
