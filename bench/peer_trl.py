@@ -314,7 +314,8 @@ def report(args, cfg: AC2Config, ac2: Ac2Side, trl: TrlSide, load: tuple, starte
         " completion, zero advantage or not. Were ac2 to train every row, its update_actor would take about"
         f" {statistics.median(scaled_update):.2f}s (its time scaled by completions / trained rows), and its step"
         f" about {statistics.median(scaled_step):.2f}s.",
-        "- ac2 generates with its own sampling loop (KV cache, logits of the last position only, rows stop at eos);"
+        "- ac2 generates with its own sampling loop (a KV cache allocated once per batch, logits of the last position"
+        " only, rows stop at eos and leave the attention);"
         " TRL calls `model.generate` with sampling (same model, eager attention).",
         "- ac2 writes every artifact (prefixes, chunks, scored chunks, advantages as Parquet, the actor checkpoint with"
         " optimizer state) and reads them back verified; TRL keeps everything in memory. That I/O is part of ac2's"
