@@ -71,6 +71,65 @@ VARIANTS: dict[str, dict] = {
     },
     # a DIAGNOSTIC: the same structure with the oracle critic
     "ac2_oracle_no_gate_uncertain": {"critic.kind": "oracle", "readiness.gate": False, "rollout.prefix_cut": "uncertain"},
+    # mixed structures (research log section 10): the gate off, but more of each iteration in full mode
+    # ... 40% of the revisited problems drawn as probes (full groups) rather than 10%: a DIAGNOSTIC with the oracle
+    "ac2_oracle_probe04": {
+        "critic.kind": "oracle",
+        "readiness.gate": False,
+        "rollout.prefix_cut": "uncertain",
+        "rollout.probe_fraction": 0.4,
+    },
+    # ... chunk-mode states cut only from whole answers of the last 4 / 8 iterations, else full mode: DIAGNOSTICS
+    "ac2_oracle_age4": {
+        "critic.kind": "oracle",
+        "readiness.gate": False,
+        "rollout.prefix_cut": "uncertain",
+        "rollout.prefix_max_age": 4,
+    },
+    "ac2_oracle_age8": {
+        "critic.kind": "oracle",
+        "readiness.gate": False,
+        "rollout.prefix_cut": "uncertain",
+        "rollout.prefix_max_age": 8,
+    },
+    # ... the learned critic with the std floor and 40% probes, or chunk-mode states at most 4 / 8 iterations old
+    "ac2_floor_probe04": {
+        "readiness.gate": False,
+        "rollout.prefix_cut": "uncertain",
+        "advantage.scale_std": True,
+        "advantage.std_floor": 0.1,
+        "rollout.probe_fraction": 0.4,
+    },
+    "ac2_floor_age4": {
+        "readiness.gate": False,
+        "rollout.prefix_cut": "uncertain",
+        "advantage.scale_std": True,
+        "advantage.std_floor": 0.1,
+        "rollout.prefix_max_age": 4,
+    },
+    "ac2_floor_age8": {
+        "readiness.gate": False,
+        "rollout.prefix_cut": "uncertain",
+        "advantage.scale_std": True,
+        "advantage.std_floor": 0.1,
+        "rollout.prefix_max_age": 8,
+    },
+    # ... and no probes: with the gate off they only add full groups; freshness comes from the age limit
+    "ac2_oracle_age8_p0": {
+        "critic.kind": "oracle",
+        "readiness.gate": False,
+        "rollout.prefix_cut": "uncertain",
+        "rollout.prefix_max_age": 8,
+        "rollout.probe_fraction": 0.0,
+    },
+    "ac2_floor_age8_p0": {
+        "readiness.gate": False,
+        "rollout.prefix_cut": "uncertain",
+        "advantage.scale_std": True,
+        "advantage.std_floor": 0.1,
+        "rollout.prefix_max_age": 8,
+        "rollout.probe_fraction": 0.0,
+    },
     # chunk-mode prefixes cut from successful answers (none start past a fatal slip), gate off
     "ac2_no_gate_success": {"readiness.gate": False, "rollout.prefix_source": "success"},
     # ... and chunk advantages divided by their group's std, as GRPO divides its rewards'
@@ -478,8 +537,9 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
         "Reproduce: `python bench/rl_efficiency.py` (ac2, grpo, grpo_skip), then"
         " `python bench/rl_efficiency.py --variants ac2_no_gate ac2_no_ref` and"
         " `python bench/rl_efficiency.py --variants ac2_chunk8 ac2_chunk32` (ablations, compared with"
-        " the GRPO runs already there); `--report-only` rebuilds this file from every run under"
-        f" `{Path(args.out).relative_to(ROOT) if Path(args.out).is_relative_to(ROOT) else args.out}`."
+        " the GRPO runs already there); `--report-only` rebuilds this file from the runs under"
+        f" `{Path(args.out).relative_to(ROOT) if Path(args.out).is_relative_to(ROOT) else args.out}`"
+        " (with `--variants`, only those variants and `--seeds`)."
         f" This file was last written by `{args.command}`. Machine: "
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} when written"
         + (f"; this invocation took {elapsed / 60:.1f} min." if elapsed else "."),
@@ -667,6 +727,8 @@ def plot(runs: dict, window: int, path: Path) -> None:
 
 def write_results(args: argparse.Namespace, elapsed: float | None) -> None:
     runs = load_runs(Path(args.out))
+    if getattr(args, "only", False):
+        runs = {k: v for k, v in runs.items() if k[0] in args.variants and k[1] in args.seeds}
     if not runs:
         raise SystemExit(f"no records under {args.out}: run the benchmark first")
     kept = ""
@@ -695,7 +757,10 @@ def key_value(text: str) -> tuple[str, object]:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(TOY))
-    p.add_argument("--variants", nargs="+", default=MAIN, choices=list(VARIANTS))
+    p.add_argument(
+        "--variants", nargs="+", choices=list(VARIANTS),
+        help=f"default: {' '.join(MAIN)}; with --report-only, the report covers only these variants and --seeds",
+    )  # fmt: skip
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--bootstrap-seed", type=int, default=0, help="seed of the one warm start every run adopts")
     p.add_argument("--set", action="append", type=key_value, default=[], metavar="KEY=VALUE",
@@ -707,6 +772,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--results", default=str(RESULTS))
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args(argv)
+    args.only = args.report_only and args.variants is not None
+    args.variants = args.variants or MAIN
     args.command = "python bench/rl_efficiency.py " + " ".join(sys.argv[1:] if argv is None else argv)
 
     from ac2_core.config import ConfigError
