@@ -114,6 +114,13 @@ VARIANTS: dict[str, dict] = {
         "advantage.std_floor": 0.1,
         "rollout.prefix_max_age": 8,
     },
+    # ... states up to 16 iterations old: fewer refreshes, older states (a DIAGNOSTIC)
+    "ac2_oracle_age16": {
+        "critic.kind": "oracle",
+        "readiness.gate": False,
+        "rollout.prefix_cut": "uncertain",
+        "rollout.prefix_max_age": 16,
+    },
     # ... and no probes: with the gate off they only add full groups; freshness comes from the age limit
     "ac2_oracle_age8_p0": {
         "critic.kind": "oracle",
