@@ -33,6 +33,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
@@ -165,6 +166,19 @@ def configs_for(args: argparse.Namespace, seed: int) -> dict:
 
 
 # ---------------------------------------------------------------- running
+
+
+def exit_with_parent(parent: int) -> None:
+    """A pool worker's initializer: end the worker once the benchmark that started it is gone.
+    A killed benchmark would otherwise leave its workers running (and writing) as orphans; the
+    runs resume from their published iterations when the benchmark is started again."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(2)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
 
 
 def run_seed(args: argparse.Namespace, seed: int) -> None:
@@ -797,7 +811,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"reproduce: {args.command}", flush=True)
         make_bootstrap(args)
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
-        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn")) as pool:
+        with ProcessPoolExecutor(
+            max_workers=args.jobs, mp_context=get_context("spawn"), initializer=exit_with_parent, initargs=(os.getpid(),)
+        ) as pool:
             for f in [pool.submit(run_seed, args, s) for s in args.seeds]:
                 f.result()
     write_results(args, None if args.report_only else time.perf_counter() - t0)
