@@ -122,6 +122,14 @@ VARIANTS: dict[str, dict] = {
         "rollout.prefix_cut": "uncertain",
         "rollout.prefix_max_age": 16,
     },
+    # ... chunks of 8 tokens on the fresh structure: a chunk group at half the cost (a DIAGNOSTIC)
+    "ac2_oracle_age8_c8": {
+        "critic.kind": "oracle",
+        "readiness.gate": False,
+        "rollout.prefix_cut": "uncertain",
+        "rollout.prefix_max_age": 8,
+        "rollout.chunk_tokens": 8,
+    },
     # ... and no probes: with the gate off they only add full groups; freshness comes from the age limit
     "ac2_oracle_age8_p0": {
         "critic.kind": "oracle",
