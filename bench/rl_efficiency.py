@@ -47,10 +47,15 @@ RESULTS = ROOT / "bench" / "results" / "rl_efficiency.md"
 MARKER = "<!-- analysis: text below this line is kept when the tables are rewritten -->"
 
 # What each variant changes; everything else comes from the config and --set.
+ORACLE = {"critic.kind": "oracle"}  # a DIAGNOSTIC: the critic reads the worked solution; it decodes nothing extra
+# the gate off, chunk-mode prefixes ending right before the token the actor finds least likely
+UNCERTAIN = {"readiness.gate": False, "rollout.prefix_cut": "uncertain"}
+# chunk advantages divided by max(group std, 0.1): near-equal targets amplified at most 10x
+FLOOR = {"advantage.scale_std": True, "advantage.std_floor": 0.1}
+AGE8 = {"rollout.prefix_max_age": 8}  # chunk-mode states cut from whole answers at most 8 iterations old
 VARIANTS: dict[str, dict] = {
     "ac2": {},
-    # a DIAGNOSTIC: the critic reads the worked solution (critic.kind oracle); it decodes nothing extra
-    "ac2_oracle": {"critic.kind": "oracle"},
+    "ac2_oracle": ORACLE,
     "grpo": {"algorithm": "grpo"},
     "grpo_skip": {"algorithm": "grpo", "rollout.skip_solved_groups": 2},
     # GRPO on a quarter of the problems an iteration: about the decoding of AC2 with the gate off
@@ -59,93 +64,25 @@ VARIANTS: dict[str, dict] = {
     "ac2_no_ref": {"critic.use_reference": False},
     "ac2_chunk8": {"rollout.chunk_tokens": 8},
     "ac2_chunk32": {"rollout.chunk_tokens": 32},
-    # chunk-mode prefixes end right before the token the actor finds least likely, gate off
-    "ac2_no_gate_uncertain": {"readiness.gate": False, "rollout.prefix_cut": "uncertain"},
+    "ac2_no_gate_uncertain": UNCERTAIN,
     # ... with chunk advantages divided by their group's std (the oracle's magnitude, the learned critic's sign)
-    "ac2_no_gate_uncertain_std": {"readiness.gate": False, "rollout.prefix_cut": "uncertain", "advantage.scale_std": True},
-    # ... divided by max(std, 0.1): near-equal targets amplified at most 10x (offline: 95% of |A| points right)
-    "ac2_no_gate_uncertain_floor": {
-        "readiness.gate": False,
-        "rollout.prefix_cut": "uncertain",
-        "advantage.scale_std": True,
-        "advantage.std_floor": 0.1,
-    },
-    # a DIAGNOSTIC: the same structure with the oracle critic
-    "ac2_oracle_no_gate_uncertain": {"critic.kind": "oracle", "readiness.gate": False, "rollout.prefix_cut": "uncertain"},
-    # mixed structures (research log section 10): the gate off, but more of each iteration in full mode
-    # ... 40% of the revisited problems drawn as probes (full groups) rather than 10%: a DIAGNOSTIC with the oracle
-    "ac2_oracle_probe04": {
-        "critic.kind": "oracle",
-        "readiness.gate": False,
-        "rollout.prefix_cut": "uncertain",
-        "rollout.probe_fraction": 0.4,
-    },
-    # ... chunk-mode states cut only from whole answers of the last 4 / 8 iterations, else full mode: DIAGNOSTICS
-    "ac2_oracle_age4": {
-        "critic.kind": "oracle",
-        "readiness.gate": False,
-        "rollout.prefix_cut": "uncertain",
-        "rollout.prefix_max_age": 4,
-    },
-    "ac2_oracle_age8": {
-        "critic.kind": "oracle",
-        "readiness.gate": False,
-        "rollout.prefix_cut": "uncertain",
-        "rollout.prefix_max_age": 8,
-    },
-    # ... the learned critic with the std floor and 40% probes, or chunk-mode states at most 4 / 8 iterations old
-    "ac2_floor_probe04": {
-        "readiness.gate": False,
-        "rollout.prefix_cut": "uncertain",
-        "advantage.scale_std": True,
-        "advantage.std_floor": 0.1,
-        "rollout.probe_fraction": 0.4,
-    },
-    "ac2_floor_age4": {
-        "readiness.gate": False,
-        "rollout.prefix_cut": "uncertain",
-        "advantage.scale_std": True,
-        "advantage.std_floor": 0.1,
-        "rollout.prefix_max_age": 4,
-    },
-    "ac2_floor_age8": {
-        "readiness.gate": False,
-        "rollout.prefix_cut": "uncertain",
-        "advantage.scale_std": True,
-        "advantage.std_floor": 0.1,
-        "rollout.prefix_max_age": 8,
-    },
-    # ... states up to 16 iterations old: fewer refreshes, older states (a DIAGNOSTIC)
-    "ac2_oracle_age16": {
-        "critic.kind": "oracle",
-        "readiness.gate": False,
-        "rollout.prefix_cut": "uncertain",
-        "rollout.prefix_max_age": 16,
-    },
-    # ... chunks of 8 tokens on the fresh structure: a chunk group at half the cost (a DIAGNOSTIC)
-    "ac2_oracle_age8_c8": {
-        "critic.kind": "oracle",
-        "readiness.gate": False,
-        "rollout.prefix_cut": "uncertain",
-        "rollout.prefix_max_age": 8,
-        "rollout.chunk_tokens": 8,
-    },
-    # ... and no probes: with the gate off they only add full groups; freshness comes from the age limit
-    "ac2_oracle_age8_p0": {
-        "critic.kind": "oracle",
-        "readiness.gate": False,
-        "rollout.prefix_cut": "uncertain",
-        "rollout.prefix_max_age": 8,
-        "rollout.probe_fraction": 0.0,
-    },
-    "ac2_floor_age8_p0": {
-        "readiness.gate": False,
-        "rollout.prefix_cut": "uncertain",
-        "advantage.scale_std": True,
-        "advantage.std_floor": 0.1,
-        "rollout.prefix_max_age": 8,
-        "rollout.probe_fraction": 0.0,
-    },
+    "ac2_no_gate_uncertain_std": {**UNCERTAIN, "advantage.scale_std": True},
+    # ... divided by max(std, 0.1) (offline: 95% of |A| points right)
+    "ac2_no_gate_uncertain_floor": {**UNCERTAIN, **FLOOR},
+    "ac2_oracle_no_gate_uncertain": {**ORACLE, **UNCERTAIN},
+    # fresher chunk-mode states (research log section 10), DIAGNOSTICS with the oracle: 40% of the
+    # revisited problems drawn as probes (full groups) rather than 10%, or states at most 4 / 8 / 16
+    # iterations old, 8-token chunks, no probes
+    "ac2_oracle_probe04": {**ORACLE, **UNCERTAIN, "rollout.probe_fraction": 0.4},
+    "ac2_oracle_age4": {**ORACLE, **UNCERTAIN, "rollout.prefix_max_age": 4},
+    "ac2_oracle_age8": {**ORACLE, **UNCERTAIN, **AGE8},
+    # ... and the learned critic with the std floor on them
+    "ac2_floor_age8": {**UNCERTAIN, **FLOOR, **AGE8},
+    "ac2_oracle_age16": {**ORACLE, **UNCERTAIN, "rollout.prefix_max_age": 16},
+    "ac2_oracle_age8_c8": {**ORACLE, **UNCERTAIN, **AGE8, "rollout.chunk_tokens": 8},
+    # with the gate off probes only add full groups; freshness comes from the age limit
+    "ac2_oracle_age8_p0": {**ORACLE, **UNCERTAIN, **AGE8, "rollout.probe_fraction": 0.0},
+    "ac2_floor_age8_p0": {**UNCERTAIN, **FLOOR, **AGE8, "rollout.probe_fraction": 0.0},
     # chunk-mode prefixes cut from successful answers (none start past a fatal slip), gate off
     "ac2_no_gate_success": {"readiness.gate": False, "rollout.prefix_source": "success"},
     # ... and chunk advantages divided by their group's std, as GRPO divides its rewards'
@@ -756,7 +693,12 @@ def plot(runs: dict, window: int, path: Path) -> None:
 
 def write_results(args: argparse.Namespace, elapsed: float | None) -> None:
     runs = load_runs(Path(args.out))
-    if getattr(args, "only", False):
+    if unknown := sorted({v for v, _ in runs} - VARIANTS.keys()):
+        # runs of another invocation (or version) of this script in the same folder: the tables and
+        # the plot are keyed by VARIANTS, so they are left out of both, by name
+        print(f"not reported, variants this script does not define: {', '.join(unknown)}", flush=True)
+    runs = {k: v for k, v in runs.items() if k[0] in VARIANTS}
+    if args.only:
         runs = {k: v for k, v in runs.items() if k[0] in args.variants and k[1] in args.seeds}
     if not runs:
         raise SystemExit(f"no records under {args.out}: run the benchmark first")
