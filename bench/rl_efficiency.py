@@ -53,6 +53,7 @@ UNCERTAIN = {"readiness.gate": False, "rollout.prefix_cut": "uncertain"}
 # chunk advantages divided by max(group std, 0.1): near-equal targets amplified at most 10x
 FLOOR = {"advantage.scale_std": True, "advantage.std_floor": 0.1}
 AGE8 = {"rollout.prefix_max_age": 8}  # chunk-mode states cut from whole answers at most 8 iterations old
+FULL2 = {"rollout.full_group_size": 2}  # full-mode groups of 2 answers once chunk mode is on (G stays 4)
 VARIANTS: dict[str, dict] = {
     "ac2": {},
     "ac2_oracle": ORACLE,
@@ -83,6 +84,10 @@ VARIANTS: dict[str, dict] = {
     # with the gate off probes only add full groups; freshness comes from the age limit
     "ac2_oracle_age8_p0": {**ORACLE, **UNCERTAIN, **AGE8, "rollout.probe_fraction": 0.0},
     "ac2_floor_age8_p0": {**UNCERTAIN, **FLOOR, **AGE8, "rollout.probe_fraction": 0.0},
+    # a fresh state for half a full group's decoding (research log section 11), and GRPO searched alike
+    "ac2_oracle_age8_f2": {**ORACLE, **UNCERTAIN, **AGE8, **FULL2},
+    "ac2_floor_age8_f2": {**UNCERTAIN, **FLOOR, **AGE8, **FULL2},
+    "grpo_g2": {"algorithm": "grpo", "rollout.group_size": 2},
     # chunk-mode prefixes cut from successful answers (none start past a fatal slip), gate off
     "ac2_no_gate_success": {"readiness.gate": False, "rollout.prefix_source": "success"},
     # ... and chunk advantages divided by their group's std, as GRPO divides its rewards'

@@ -222,6 +222,12 @@ class RolloutConfig(Section):
         "last this many iterations; a problem without one is rolled out in full, refreshing its replay; unset: any "
         "replayed trajectory, however old",
     )
+    full_group_size: int | None = Field(
+        None,
+        ge=2,
+        description="AC2 once chunk mode is on (after critic.warmup_iterations): samples per full-mode group, fewer "
+        "than group_size to refresh a problem's states for less decoding; unset: group_size. GRPO ignores it",
+    )
     probe_fraction: float = Field(0.25, ge=0, le=1, description="share of ready problems kept in full mode as readiness probes")
     revisit_fraction: float = Field(
         0.5, ge=0, le=1, description="share of each iteration's problems drawn from problems with replay"
@@ -237,6 +243,12 @@ class RolloutConfig(Section):
             raise ValueError(
                 f"chunk_tokens ({self.chunk_tokens}) must not exceed max_response_tokens ({self.max_response_tokens})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _full_groups_smaller(self) -> RolloutConfig:
+        if self.full_group_size is not None and self.full_group_size > self.group_size:
+            raise ValueError(f"full_group_size ({self.full_group_size}) must not exceed group_size ({self.group_size})")
         return self
 
 
@@ -531,6 +543,16 @@ class AC2Config(Section):
     @property
     def uses_critic(self) -> bool:
         return self.algorithm == "ac2"
+
+    def chunking_on(self, iteration: int) -> bool:
+        """Whether ``iteration`` may roll problems out in chunk mode (AC2 past its critic's warm-up)."""
+        return self.uses_critic and iteration > self.critic.warmup_iterations
+
+    def samples_per_group(self, iteration: int, mode: str) -> int:
+        """How many times ``generate_chunks`` continues a prefix of ``mode`` (full | chunk) at ``iteration``."""
+        if mode == "full" and self.rollout.full_group_size is not None and self.chunking_on(iteration):
+            return self.rollout.full_group_size
+        return self.rollout.group_size
 
     def config_hash(self) -> str:
         """sha256 of the canonical JSON form: identical configs hash identically."""

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 
 def chunk_saving_bound(
-    *, revisit_fraction: float, probe_fraction: float, prefixes_per_problem: int, chunk_tokens: int, answer_tokens: float
+    *,
+    revisit_fraction: float,
+    probe_fraction: float,
+    prefixes_per_problem: int,
+    chunk_tokens: int,
+    answer_tokens: float,
+    full_group_ratio: float = 1.0,
 ) -> float:
     """The most decoding chunk mode can save in one iteration, as a share of full rollouts of the same problems.
 
@@ -23,26 +29,35 @@ def chunk_saving_bound(
         prefixes_per_problem: k, prefixes of a ready problem.
         chunk_tokens: L, the chunk budget.
         answer_tokens: mean length of a full answer, > 0.
+        full_group_ratio: samples of a full-mode group over G (``rollout.full_group_size / group_size``);
+            below 1 the problems left in full mode save ``1 - full_group_ratio`` too.
 
     Returns:
         A share in [0, 1).
     """
     if answer_tokens <= 0:
         raise ValueError(f"answer_tokens must be > 0; got {answer_tokens}")
+    if not 0 < full_group_ratio <= 1:
+        raise ValueError(f"full_group_ratio must be in (0, 1]; got {full_group_ratio}")
     per_problem = max(0.0, 1.0 - prefixes_per_problem * chunk_tokens / answer_tokens)
-    return revisit_fraction * (1.0 - probe_fraction) * per_problem
+    chunk_share = revisit_fraction * (1.0 - probe_fraction)
+    return chunk_share * per_problem + (1.0 - chunk_share) * (1.0 - full_group_ratio)
 
 
-def full_rollout_tokens(full_lengths: list[int], chunk_problems: int, group_size: int) -> float:
+def full_rollout_tokens(full_groups: list[list[int]], chunk_problems: int, group_size: int) -> float:
     """What decoding the iteration's problems in full mode alone would have cost.
 
-    The full-mode answers count as decoded; each chunk-mode problem counts ``G`` answers of
-    the mean full-answer length of the same iteration (0 if the iteration decoded no full answer).
+    Each full-mode group counts ``G`` answers of its own mean length (its decoded answers
+    when it had ``G``; a smaller group, ``rollout.full_group_size``, is scaled up); each
+    chunk-mode problem counts ``G`` answers of the mean full-answer length of the same
+    iteration (0 if the iteration decoded no full answer).
 
     Args:
-        full_lengths: (F,) token counts of the iteration's full-mode answers.
+        full_groups: (F,) the token counts of each full-mode group's answers.
         chunk_problems: problems decoded in chunk mode.
         group_size: G.
     """
-    mean = sum(full_lengths) / len(full_lengths) if full_lengths else 0.0
-    return float(sum(full_lengths)) + chunk_problems * group_size * mean
+    lengths = [n for group in full_groups for n in group]
+    mean = sum(lengths) / len(lengths) if lengths else 0.0
+    full = sum(sum(g) if len(g) == group_size else sum(g) * group_size / len(g) for g in full_groups if g)
+    return float(full) + chunk_problems * group_size * mean

@@ -82,11 +82,14 @@ def compute_bill(model, chunks, prefixes, scored, trained_tokens: int, *, group_
     prefill = sum(prefill_flops(**shape, n_tokens=context[p["prefix_id"]]) for p in prefixes if p["prefix_id"] in context)
     prefill += sum(prefill_flops(**shape, n_tokens=p["cut_scan_tokens"]) for p in prefixes if p["cut_scan_tokens"])
     modes = {p["prefix_id"]: (p["mode"], p["problem_id"]) for p in prefixes}
-    full_lengths = [len(c["token_ids"]) for c in chunks if modes[c["prefix_id"]][0] == "full"]
+    full_groups: dict[str, list[int]] = {}
+    for c in chunks:
+        if modes[c["prefix_id"]][0] == "full":
+            full_groups.setdefault(c["prefix_id"], []).append(len(c["token_ids"]))
     chunk_problems = {modes[c["prefix_id"]][1] for c in chunks if modes[c["prefix_id"]][0] == "chunk"}
     return {
         "decode_tokens": sum(len(c["token_ids"]) for c in chunks),
-        "full_rollout_tokens": full_rollout_tokens(full_lengths, len(chunk_problems), group_size),
+        "full_rollout_tokens": full_rollout_tokens(list(full_groups.values()), len(chunk_problems), group_size),
         "decode_flops": float(decode),
         "prefill_flops": float(prefill),
         "critic_flops": float(sum(s["critic_flops"] for s in scored)),

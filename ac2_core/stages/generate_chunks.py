@@ -1,5 +1,8 @@
 """generate_chunks: continue every prefix G times, up to its budget (docs/design.md section 2, step 2).
 
+G is ``rollout.group_size``, or ``rollout.full_group_size`` for a full-mode prefix once
+chunk mode is on (``AC2Config.samples_per_group``).
+
 Contexts are prompt tokens + prefix tokens, fed as ids and never re-tokenized. A chunk
 that ends the answer with eos is ``stop``; one that used its chunk budget is ``length``;
 one that reached ``max_response_tokens`` without eos is ``truncated`` (finished, and
@@ -51,19 +54,7 @@ def run(
     tok = policy.tokenizer
     prompts = {pid: prompt_ids(tok, probs[pid]["prompt"]) for pid in sorted({r["problem_id"] for r in rows})}
     contexts = [prompts[r["problem_id"]] + r["prefix_token_ids"] for r in rows]
-    samples = generate_for(
-        cfg,
-        policy.model,
-        actor,
-        contexts,
-        [r["budget"] for r in rows],
-        n=cfg.rollout.group_size,
-        eos_id=tok.eos_token_id,
-        pad_id=tok.pad_token_id,
-        seed=seed_for(cfg, iteration, STAGE),
-        temperature=cfg.rollout.temperature,
-        progress=progress,
-    )
+    samples = _continue(cfg, iteration, policy.model, actor, rows, contexts, tok, progress)
     out = []
     for r, ctx, group in zip(rows, contexts, samples):
         for j, s in enumerate(group):
@@ -93,3 +84,38 @@ def run(
         policy_version=policy.version,
         chunks_hash=chunk_hash,
     )
+
+
+def _continue(cfg: AC2Config, iteration: int, model, actor: str, rows: list[dict], contexts, tok, progress) -> list:
+    """Each row's samples, in row order. Rows are decoded in one call per sample count; the
+    rows continued ``group_size`` times draw the stage's seed, so a run without
+    ``full_group_size`` samples exactly what it always did."""
+    ns = [cfg.samples_per_group(iteration, r["mode"]) for r in rows]
+    total = sum(ns)
+    out: list = [None] * len(rows)
+    done = 0
+    for n in sorted(set(ns), key=lambda n: n != cfg.rollout.group_size):
+        idx = [i for i, m in enumerate(ns) if m == n]
+        stream = STAGE if n == cfg.rollout.group_size else f"{STAGE}/n{n}"
+
+        def step(k: int, _: int, offset: int = done) -> None:
+            if progress:
+                progress(offset + k, total)
+
+        got = generate_for(
+            cfg,
+            model,
+            actor,
+            [contexts[i] for i in idx],
+            [rows[i]["budget"] for i in idx],
+            n=n,
+            eos_id=tok.eos_token_id,
+            pad_id=tok.pad_token_id,
+            seed=seed_for(cfg, iteration, stream),
+            temperature=cfg.rollout.temperature,
+            progress=step,
+        )
+        for i, group in zip(idx, got):
+            out[i] = group
+        done += len(idx) * n
+    return out

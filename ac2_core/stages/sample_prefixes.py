@@ -169,7 +169,7 @@ def _plans(cfg: AC2Config, iteration: int, pid: str, trajectories: list[dict], r
     """The prefixes rows of one chosen problem (without run_id, iteration and policy_version).
 
     ``rng`` is the stage's one stream: every problem draws its probe flag, then its plans."""
-    chunking_on = cfg.uses_critic and iteration > cfg.critic.warmup_iterations
+    chunking_on = cfg.chunking_on(iteration)
     is_probe = rng.random() < cfg.rollout.probe_fraction  # drawn for every problem: one stream for all
     plans = plan_prefixes(
         pid,

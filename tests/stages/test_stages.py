@@ -322,6 +322,31 @@ def test_row_aggregation_changes_the_actor_update(run_dir, tiny_cfg, tmp_path):
     assert any(not torch.equal(weights["token"][k], weights["row"][k]) for k in weights["token"])
 
 
+def test_full_group_size_decodes_fewer_whole_answers_and_bills_the_full_rollouts_they_stand_for(run_dir):
+    cfg = tiny_config(rollout__full_group_size=2)  # G = 4; chunk mode is on from iteration 1
+    layout = RunLayout(str(run_dir))
+    modes = set()
+    for it in (1, 2):
+        run_stages(cfg, layout, it)
+        prefixes = {p["prefix_id"]: p for p in rows(layout, it, "prefixes")}
+        chunks = rows(layout, it, "chunks")
+        per_prefix = {pid: sum(c["prefix_id"] == pid for c in chunks) for pid in prefixes}
+        assert per_prefix == {pid: 2 if p["mode"] == "full" else 4 for pid, p in prefixes.items()}
+        modes |= {p["mode"] for p in prefixes.values()}
+        # a 2-answer full group trains as GRPO's: +-1 on mixed outcomes, 0 when both agree
+        for a in rows(layout, it, "advantages"):
+            if prefixes[a["prefix_id"]]["mode"] == "full":
+                assert a["advantage"] == pytest.approx(0.0, abs=1e-5) or abs(a["advantage"]) == pytest.approx(1.0, abs=1e-4)
+        # full rollouts of the same problems would have decoded G answers of each full-mode problem
+        metrics = storage.read_rows(layout.output(it, "metrics"), kind="metrics")[-1]
+        full = [len(c["token_ids"]) for c in chunks if prefixes[c["prefix_id"]]["mode"] == "full"]
+        chunk_problems = {prefixes[c["prefix_id"]]["problem_id"] for c in chunks if prefixes[c["prefix_id"]]["mode"] == "chunk"}
+        mean = sum(full) / len(full) if full else 0.0
+        assert metrics["full_rollout_tokens"] == pytest.approx(2 * sum(full) + len(chunk_problems) * 4 * mean)
+        assert metrics["decode_tokens"] == sum(len(c["token_ids"]) for c in chunks)
+    assert modes == {"full", "chunk"}
+
+
 def test_uncertain_cuts_end_each_prefix_right_before_its_least_likely_token(run_dir):
     layout = RunLayout(str(run_dir))
     boundary = tiny_config()

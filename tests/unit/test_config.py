@@ -63,6 +63,11 @@ def test_unknown_key_names_the_dotted_field(data, field):
             {"rollout": {"chunk_tokens": 100, "max_response_tokens": 80}},
             ["rollout.chunk_tokens:", "chunk_tokens (100) must not exceed max_response_tokens (80)"],
         ),
+        (
+            {"rollout": {"group_size": 4, "full_group_size": 5}},
+            ["rollout.full_group_size:", "full_group_size (5) must not exceed group_size (4)"],
+        ),
+        ({"rollout": {"full_group_size": 1}}, ["rollout.full_group_size:", "greater than or equal to 2", "found 1"]),
         ({"readiness": {"min_pairs": 40, "window": 32}}, ["readiness.min_pairs:", "min_pairs (40) must not exceed window (32)"]),
         ({"model": {"source": "pretrained"}}, ["model.path:", "required when source is pretrained"]),
         (
@@ -197,3 +202,13 @@ def test_config_is_frozen():
     with pytest.raises(ValidationError, match="frozen"):
         cfg.rollout.group_size = 3
     assert cfg == load_config(TOY)
+
+
+def test_full_group_size_applies_to_full_groups_of_ac2_once_chunk_mode_is_on():
+    cfg = parse_config({"rollout": {"group_size": 4, "full_group_size": 2}, "critic": {"warmup_iterations": 3}})
+    assert [cfg.samples_per_group(it, "full") for it in (1, 3, 4, 9)] == [4, 4, 2, 2]
+    assert {cfg.samples_per_group(it, "chunk") for it in (1, 4, 9)} == {4}
+    grpo = parse_config({"algorithm": "grpo", "rollout": {"group_size": 4, "full_group_size": 2}})
+    assert {grpo.samples_per_group(it, "full") for it in (1, 4, 9)} == {4}  # GRPO ignores it
+    unset = parse_config({"rollout": {"group_size": 4}, "critic": {"warmup_iterations": 0}})
+    assert unset.samples_per_group(5, "full") == 4

@@ -104,11 +104,19 @@ def test_chunk_saving_bound():
     )
     with pytest.raises(ValueError, match="answer_tokens"):
         chunk_saving_bound(revisit_fraction=1, probe_fraction=0, prefixes_per_problem=1, chunk_tokens=1, answer_tokens=0)
+    # full groups of 2 answers where G = 4: the 10% + 90% * 10% of problems left in full mode save half
+    toy = dict(revisit_fraction=0.9, probe_fraction=0.1, prefixes_per_problem=1, chunk_tokens=16, answer_tokens=100)
+    assert chunk_saving_bound(**toy, full_group_ratio=0.5) == pytest.approx(0.81 * 0.84 + 0.19 * 0.5)
+    with pytest.raises(ValueError, match="full_group_ratio"):
+        chunk_saving_bound(**toy, full_group_ratio=0)
 
 
 def test_full_rollout_tokens():
     from ac2_core.math.savings import full_rollout_tokens
 
-    # full answers of 50 and 70 tokens (mean 60) plus 3 chunk-mode problems of G = 4: 120 + 3 * 4 * 60
-    assert full_rollout_tokens([50, 70], 3, 4) == 840.0
+    # one full group of G = 4 answers (240 tokens, mean 60) plus 3 chunk-mode problems: 240 + 3 * 4 * 60
+    assert full_rollout_tokens([[50, 70, 40, 80]], 3, 4) == 960.0
+    # a full group of 2 (rollout.full_group_size) counts as the G = 4 answers full rollouts would decode
+    assert full_rollout_tokens([[50, 70]], 3, 4) == 960.0
+    assert full_rollout_tokens([[50, 70, 40, 80], [20, 40]], 0, 4) == 240.0 + 120.0
     assert full_rollout_tokens([], 3, 4) == 0.0
