@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_serializer, model_validator
 
 from ac2_core.config.base import ConfigError, Section, plain_url
 from ac2_core.config.cluster import ClusterConfig
@@ -191,11 +191,28 @@ class WarmStartConfig(Section):
         description="arith: share of the demonstrations' steps written with one digit wrong (the total carried on);"
         " imperfect demonstrations, as real SFT data has, leave the policy slips that reward can remove; 0: exact",
     )
+    misconception_rate: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="arith: share of the problems whose demonstrations drop the carry out of the ones place in every"
+        " step whose term ends in 9 (a rule the policy learns to write without surprise, which only a reference"
+        " exposes); 0: none",
+    )
     eval_every: int = Field(50, ge=1, description="steps between evaluations of the warm-start candidate")
     eval_problems: int = Field(64, ge=1, description="problems per warm-start evaluation (sampled decoding)")
     target_score: float | None = Field(
         None, gt=0, le=1, description="stop at the first evaluation whose sampled score reaches this; unset: run max_steps"
     )
+
+    @model_serializer(mode="wrap")
+    def _misconception_only_when_set(self, handler):
+        # a config without the misconception dumps, and so hashes, as it did before the field existed:
+        # its bootstraps and run folders stay adoptable and resumable
+        data = handler(self)
+        if not self.misconception_rate:
+            data.pop("misconception_rate", None)
+        return data
 
 
 class RolloutConfig(Section):
@@ -524,6 +541,11 @@ class AC2Config(Section):
         if self.warm_start.slip_rate and self.task.name != "arith":
             raise ValueError(
                 f"warm_start.slip_rate writes slips into arith's worked solutions; task {self.task.name} has none (set it to 0)"
+            )
+        if self.warm_start.misconception_rate and self.task.name != "arith":
+            raise ValueError(
+                "warm_start.misconception_rate writes a misconception into arith's worked solutions;"
+                f" task {self.task.name} has none (set it to 0)"
             )
         return self
 

@@ -57,12 +57,20 @@ def sampled_score(model, tok, rows: list[dict], *, task: TaskConfig, max_tokens:
 
 def demonstrations(cfg: AC2Config, rows: list[dict], *, stream: int) -> list[str]:
     """The worked solutions of ``rows`` as the warm start shows them: exact, or (arith with
-    ``warm_start.slip_rate``) written by a careless hand, seeded by ``stream``."""
-    slip = cfg.warm_start.slip_rate
-    if not slip:
+    ``warm_start.slip_rate``) written by a careless hand, seeded by ``stream``. With
+    ``warm_start.misconception_rate`` a share of the problems is worked out under a misconception,
+    the same problems in every stream: the critic's reading pairs agree on it, as two answers
+    written by one mind would, so reading teaches that an answer follows its reference there."""
+    ws = cfg.warm_start
+    if not ws.slip_rate and not ws.misconception_rate:
         return [r["solution"] for r in rows]
     rng = np.random.default_rng([cfg.seed, cfg.task.seed, stream])
-    return [arith.slipped_solution(arith.terms_of(r["prompt"]), slip_rate=slip, rng=rng) for r in rows]
+    out = []
+    for r in rows:
+        terms = arith.terms_of(r["prompt"])
+        wrong = arith.misconceived(terms, rate=ws.misconception_rate, seed=cfg.task.seed)
+        out.append(arith.slipped_solution(terms, slip_rate=ws.slip_rate, rng=rng, misconceived=wrong))
+    return out
 
 
 def reading_examples(cfg: AC2Config, tok, rows: list[dict]) -> list[tuple[list[int], int]]:

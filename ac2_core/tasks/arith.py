@@ -51,15 +51,36 @@ def terms_of(prompt: str) -> list[int]:
     return [int(t) for t in prompt.strip().split("+")]
 
 
-def slipped_solution(terms: list[int], *, slip_rate: float, rng: np.random.Generator) -> str:
+# The misconception's trigger: a term whose ones digit is this one.
+MISCONCEIVED_DIGIT = 9
+
+
+def misconceived_sum(total: int, term: int) -> int:
+    """``total + term`` as a hand with the misconception writes it: when ``term`` ends in
+    ``MISCONCEIVED_DIGIT`` and the ones place carries, the carry is dropped (ten too few);
+    every other step is right. ``149 + 39`` gives 178, ``140 + 39`` gives 179 (no carry)."""
+    if term % 10 == MISCONCEIVED_DIGIT and total % 10 + term % 10 >= 10:
+        return total + term - 10
+    return total + term
+
+
+def misconceived(terms: list[int], *, rate: float, seed: int) -> bool:
+    """Whether the problem ``terms`` is one whose demonstrations carry the misconception: a draw
+    of probability ``rate`` fixed by the problem and ``seed`` alone, so every demonstration of
+    the problem (the warm start's, the critic's reading pairs) agrees on it."""
+    return bool(rate) and float(np.random.default_rng([seed, *terms]).random()) < rate
+
+
+def slipped_solution(terms: list[int], *, slip_rate: float, rng: np.random.Generator, misconceived: bool = False) -> str:
     """A worked solution as a careless person writes it: each step's result is, with
     probability ``slip_rate``, written with one digit wrong, and the later steps carry the
-    written total on. ``slip_rate=0`` gives ``solution_text``.
+    written total on. ``slip_rate=0`` gives ``solution_text``. With ``misconceived`` every
+    step is first worked out by ``misconceived_sum``, consistently (a rule, not a slip).
     """
     steps = []
     total = terms[0]
     for term in terms[1:]:
-        written = total + term
+        written = misconceived_sum(total, term) if misconceived else total + term
         if rng.random() < slip_rate:
             digits = list(str(written))
             i = int(rng.integers(len(digits)))

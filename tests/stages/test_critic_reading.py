@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ac2_core.models.store import ModelStore
@@ -9,7 +10,7 @@ from ac2_core.models.tokenizer import build_tokenizer, special_ids
 from ac2_core.runner import inprocess
 from ac2_core.runner.layout import RunLayout
 from ac2_core.stages.bootstrap import demonstrations, reading_examples
-from ac2_core.tasks import problems_for
+from ac2_core.tasks import arith, problems_for
 from tests.conftest import tiny_config
 
 
@@ -39,6 +40,23 @@ def test_reading_examples_put_one_demonstration_under_another():
     short = tiny_config(warm_start__slip_rate=0.5, task__n_terms=6, critic__max_input_tokens=90)
     for x, n in reading_examples(short, tok, rows):
         assert len(x) == 90 and x[n - 1] == ids["state"] and x[-1] == tok.eos_token_id
+
+
+def test_misconceived_problems_are_worked_out_under_the_misconception_in_every_demonstration():
+    cfg = tiny_config(warm_start__misconception_rate=0.5, task__n_terms=10, task__train_size=400)
+    rows = [r for r in problems_for(cfg.task).to_pylist() if r["split"] == "train"][:200]
+    streams = [demonstrations(cfg, rows, stream=s) for s in (0, 1, 2)]
+    # no slips (the tiny config's slip_rate is 0): a demonstration is the worked solution or the misconceived one
+    for i, r in enumerate(rows):
+        terms = arith.terms_of(r["prompt"])
+        wrong = arith.misconceived(terms, rate=0.5, seed=cfg.task.seed)
+        expected = arith.slipped_solution(terms, slip_rate=0.0, rng=np.random.default_rng(0), misconceived=wrong)
+        assert streams[0][i] == streams[1][i] == streams[2][i] == expected  # the warm start's and both reading demos agree
+    # half the problems are misconceived and 1 - 0.91^9 = 57% of those meet a trigger (a term ending in 9
+    # with a carry, 0.09 a step): about 57 of 200 differ from the worked solution (sd ~7)
+    changed = sum(d != r["solution"] for d, r in zip(streams[0], rows))
+    assert 30 < changed < 85
+    assert streams[0] == demonstrations(cfg, rows, stream=0)  # deterministic
 
 
 def test_reading_changes_the_critic_backbone_and_leaves_the_actor(tmp_path):

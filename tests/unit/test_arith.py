@@ -124,3 +124,43 @@ def test_slipped_solution_carries_each_slip_on():
         assert len(written) == len(right) and sum(a != b for a, b in zip(written, right)) == 1  # one digit off
         total = int(written)
     assert final == str(total) and arith.terms_of(arith.prompt_text(terms)) == terms
+
+
+def test_misconceived_sum_drops_the_ones_carry_of_terms_ending_in_nine():
+    # 149+39: 9+9 carries, so 188 is written as 178; 140+39: no carry, so 179 stays right;
+    # 149+38: the term does not end in 9, so 187 stays right; 71+39=110 becomes 100, 1+9=10 becomes 0
+    assert arith.misconceived_sum(149, 39) == 178
+    assert arith.misconceived_sum(140, 39) == 179
+    assert arith.misconceived_sum(149, 38) == 187
+    assert arith.misconceived_sum(71, 39) == 100 and arith.misconceived_sum(1, 9) == 0
+
+
+def test_misconceived_solution_applies_the_rule_at_every_trigger_and_only_there():
+    import numpy as np
+
+    # 41+39 carries (80 -> 70), 70+12=82, 82+29 carries (111 -> 101), 101+50=151, 151+9 carries (160 -> 150)
+    terms = [41, 39, 12, 29, 50, 9]
+    text = arith.slipped_solution(terms, slip_rate=0.0, rng=np.random.default_rng(0), misconceived=True)
+    assert text == "41+39=70;70+12=82;82+29=101;101+50=151;151+9=150;#150"
+    assert arith.grade(str(sum(terms)), text) == 0.0  # graded against the true sum (170)
+    # without the misconception the same call gives the worked solution, drawing the rng alike
+    assert arith.slipped_solution(terms, slip_rate=0.0, rng=np.random.default_rng(0)) == arith.solution_text(terms)
+    a, b = np.random.default_rng(5), np.random.default_rng(5)
+    arith.slipped_solution(terms, slip_rate=0.3, rng=a, misconceived=True)
+    arith.slipped_solution(terms, slip_rate=0.3, rng=b)
+    assert a.random() == b.random()
+
+
+def test_misconceived_problems_come_at_the_rate_and_are_fixed_by_problem_and_seed():
+    table = problems_for(TaskConfig(n_terms=10, train_size=4000, val_size=8))
+    problems = [arith.terms_of(p) for p in table.column("prompt").to_pylist()]
+    drawn = [arith.misconceived(t, rate=0.3, seed=1234) for t in problems]
+    # 4,008 draws at 0.3: standard error 0.0072, so 0.3 +- 0.03 fails only on a wrong rate
+    assert abs(sum(drawn) / len(drawn) - 0.3) < 0.03
+    assert drawn == [arith.misconceived(t, rate=0.3, seed=1234) for t in problems]  # deterministic
+    assert drawn != [arith.misconceived(t, rate=0.3, seed=99) for t in problems]  # the seed chooses which
+    # a lower rate picks a subset of a higher one's problems (the same uniform draw, a lower bar)
+    low = [arith.misconceived(t, rate=0.1, seed=1234) for t in problems]
+    assert all(d for d, lo in zip(drawn, low) if lo) and sum(low) < sum(drawn)
+    assert not any(arith.misconceived(t, rate=0.0, seed=1234) for t in problems)
+    assert all(arith.misconceived(t, rate=1.0, seed=1234) for t in problems)

@@ -82,6 +82,14 @@ def test_unknown_key_names_the_dotted_field(data, field):
             {"advantage": {"std_floor": 0.1}},
             ["std_floor (0.1) bounds the std that scale_std divides by", "set scale_std true"],
         ),
+        (
+            {"warm_start": {"misconception_rate": 1.5}},
+            ["warm_start.misconception_rate:", "less than or equal to 1", "found 1.5"],
+        ),
+        (
+            {"task": {"name": "math", "data": "p.jsonl", "shape": "final_answer"}, "warm_start": {"misconception_rate": 0.5}},
+            ["warm_start.misconception_rate: warm_start.misconception_rate writes a misconception", "task math has none"],
+        ),
     ],
 )
 def test_out_of_range_values_name_the_field(data, expected):
@@ -212,3 +220,15 @@ def test_full_group_size_applies_to_full_groups_of_ac2_once_chunk_mode_is_on():
     assert {grpo.samples_per_group(it, "full") for it in (1, 4, 9)} == {4}  # GRPO ignores it
     unset = parse_config({"rollout": {"group_size": 4}, "critic": {"warmup_iterations": 0}})
     assert unset.samples_per_group(5, "full") == 4
+
+
+def test_misconception_rate_unset_leaves_every_hash_and_dump_as_before():
+    # a config without the misconception dumps as it did before the field existed, so its
+    # bootstraps and run folders stay adoptable; set, it is a bootstrap of its own
+    cfg = load_config(TOY)
+    assert "misconception_rate" not in cfg.to_json() and cfg.warm_start.misconception_rate == 0
+    assert load_config(TOY, {"warm_start.misconception_rate": 0.0}).bootstrap_hash() == cfg.bootstrap_hash()
+    varied = load_config(TOY, {"warm_start.misconception_rate": 0.5})
+    assert varied.bootstrap_hash() != cfg.bootstrap_hash() and varied.config_hash() != cfg.config_hash()
+    again = config_from_json(varied.to_json())
+    assert again == varied and again.warm_start.misconception_rate == 0.5
