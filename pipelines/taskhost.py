@@ -11,7 +11,11 @@ replies and exits.
 
 The worker is a new process per task, as a task is; what it shares with its siblings is
 imported code and loaded models, nothing else (the host runs no stage code, and it refuses
-to fork while another Python thread runs). A call names the model artifacts its stage
+to fork while another Python thread runs). So the host imports, besides the stage code, what
+the stages import lazily (``preload_modules``): pandas, which pyarrow imports to build a table,
+cost every task 0.15 s of CPU, and deepspeed, which accelerate imports to save a model, 0.8 s.
+Each worker's line in the host's log gives its wall and CPU seconds and what it still imported
+for itself. A call names the model artifacts its stage
 reads; the host loads each on the CPU before it forks the worker, unless a checkpoint of
 the same content hash is loaded already (``ac2_core.models.store.LoadedModels``: artifacts
 are immutable), so an iteration's actor and critic are each built once, not once per task.
@@ -34,10 +38,12 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import collections
 import contextlib
 import importlib
 import json
 import os
+import resource
 import select
 import shutil
 import signal
@@ -58,11 +64,14 @@ MODEL_BYTES = 2 << 30  # weights the host keeps loaded, newest first: the toy's 
 
 
 def preload_modules() -> list[str]:
-    """What the host imports before it serves: every stage and what stages import lazily."""
+    """What the host imports before it serves: every stage and what stages import lazily. A module
+    that a worker imports for itself costs its CPU again in every task that needs it (the
+    ``taskhost: worker`` lines of the host's log count them)."""
     from ac2_core.stages.recipe import STAGES
 
     return [
         "components.io",
+        "ac2_core.runner.layout",  # components.io's execute_stage
         *(f"ac2_core.stages.{stage}" for stage in STAGES),
         "ac2_core.stages.critic_io",
         "ac2_core.generation.scoring",
@@ -71,9 +80,22 @@ def preload_modules() -> list[str]:
         "ac2_core.training.torch_backend",
         "ac2_core.training.sft",
         "transformers.models.qwen3.modeling_qwen3",  # the built-in model's code (AutoModel resolves it lazily)
+        "pyarrow.pandas_compat",  # Table.from_pylist imports it, and pandas: 0.15 s of CPU in every stage that writes a table
         "ac2_core.runner.report",
         "s3fs",  # optional extra
+        *_deepspeed(),
     ]
+
+
+def _deepspeed() -> list[str]:
+    """deepspeed, where forking survives its import. accelerate's unwrap_model, in every
+    ``save_pretrained`` (update_actor, update_critic), imports it where it is installed: 0.8 s of
+    CPU a task. Importing it picks its accelerator, which with a CUDA device visible initializes
+    CUDA's driver, and a worker forked after that cannot use CUDA; ``torch.cuda.device_count``
+    asks NVML, which does not. So with a CUDA device each worker imports it for itself."""
+    import torch
+
+    return [] if torch.cuda.device_count() else ["deepspeed"]  # optional extra
 
 
 # --------------------------------------------------------------------- host side
@@ -120,7 +142,7 @@ def _serve(address: str, parent_fd: int | None) -> None:
             importlib.import_module(name)
         except ImportError as e:  # optional extras; a worker that needs one reports it
             print(f"taskhost: not preloaded: {name} ({e})", flush=True)
-    print(f"taskhost: imports done in {time.perf_counter() - t0:.1f}s; {_threads()}", flush=True)
+    print(f"taskhost: imports done in {time.perf_counter() - t0:.1f}s ({time.process_time():.1f}s CPU); {_threads()}", flush=True)
     if threading.active_count() != 1:  # a lock another Python thread holds at fork stays held in the worker
         raise SystemExit(f"taskhost: {threading.active_count()} Python threads after the imports; forking is unsafe")
     imported = _source_files()
@@ -247,8 +269,11 @@ def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
 def _work(conn: socket.socket, request: dict, fds: list[int], models, threads: int) -> None:
     """A worker: become the task's process (its output, environment and directory), run, reply, exit.
     A call that named models to preload gets the host's loaded models as ``models``. Torch runs
-    ``threads`` threads, as in the host before it went down to one, until a stage's store sets its own."""
+    ``threads`` threads, as in the host before it went down to one, until a stage's store sets its own.
+    Once it has replied, it writes its figures to the host's log (``_worker_line``)."""
     status = 0
+    started, known = time.perf_counter(), set(sys.modules)
+    log = os.dup(1)  # the host's log, until the task's stdout takes fd 1
     try:
         conn.sendall(STARTED)
         import torch
@@ -277,8 +302,23 @@ def _work(conn: socket.socket, request: dict, fds: list[int], models, threads: i
         atexit._run_exitfuncs()  # what a task process runs at its exit (engines, process groups)
         sys.stdout.flush()
         sys.stderr.flush()
+        os.write(log, _worker_line(request, time.perf_counter() - started, set(sys.modules) - known).encode())
     finally:
         os._exit(status)
+
+
+def _worker_line(request: dict, seconds: float, imported: set[str]) -> str:
+    """The host log's line for a worker that has replied: its wall and CPU seconds (its own and its
+    launched processes') and the modules it imported that the host had not, by package."""
+    self, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = self.ru_utime + self.ru_stime + children.ru_utime + children.ru_stime  # a forked process starts at 0
+    label = request["target"] + (f" ({request['kwargs']['stage']})" if "stage" in request["kwargs"] else "")
+    packages = collections.Counter(name.split(".")[0] for name in imported)
+    named = ", ".join(f"{p} ({n})" for p, n in sorted(packages.items(), key=lambda item: (-item[1], item[0])))
+    return (
+        f"taskhost: worker {os.getpid()} ran {label} in {seconds:.2f}s, {cpu:.2f}s CPU;"
+        f" imported {len(imported)} module{'' if len(imported) == 1 else 's'} the host had not{': ' + named if named else ''}\n"
+    )
 
 
 # --------------------------------------------------------------------- lifetime
