@@ -3,6 +3,9 @@
     .venv/bin/python bench/critic_learning.py                     # the default conditions
     .venv/bin/python bench/critic_learning.py --conditions dense dense_noref --steps 100 200 500
     .venv/bin/python bench/critic_learning.py --report-only       # rebuild the report from the records
+    # a task variant: its own bootstrap and answers under --out, its own report
+    .venv/bin/python bench/critic_learning.py --set warm_start.misconception_rate 0.5 --out runs/critic_misconception \
+        --results bench/results/critic_learning_misconception.md --conditions surprise_frozen_readslip500_dense ...
 
 The protocol, built from the project's own pieces (the toy config's bootstrap, the hf
 sampler, the grader, ``Critic``, ``build_critic_input``, ``critic_bce_loss``):
@@ -23,6 +26,11 @@ sampler, the grader, ``Critic``, ``build_critic_input``, ``critic_bce_loss``):
 5. **The ceiling** (arith only): the predictor "the partial answer agrees with the canonical
    solution so far", calibrated by depth on the training states; likewise against the
    reference shown to the critic.
+6. **The misconception** (arith with ``warm_start.misconception_rate``, a DIAGNOSTIC): how often
+   an answer that meets the misconception's trigger writes it, and the next-token loss of the
+   trigger's token under the actor and under each reading condition's backbone, by what the
+   answer wrote there (``trigger_tokens``): does the policy's surprise, or the reader's, tell
+   the misconception from the right step?
 
 Decoded tokens are counted (the answers, and the reference answers) and reported, since a
 critic warm-started on such answers charges them to AC2. Not a test: no timings are
@@ -323,6 +331,8 @@ def read_backbone(cfg, actor, tok, answers: list[Answer], cond: Condition, seed:
     from transformers import AutoModelForCausalLM
 
     key = f"read-{cond.read_on}-{cond.read_steps}-{cond.read_lr:g}-{'ref' if cond.use_reference else 'noref'}-{seed}"
+    if cfg.warm_start.misconception_rate:  # the reading pairs hold the misconception: another reading
+        key += f"-misconception{cfg.warm_start.misconception_rate:g}"
     path = cache / key
     if (path / "config.json").exists():
         print(f"    reading: cached at {path}", flush=True)
@@ -350,7 +360,10 @@ def read_pretrain(cfg, model, tok, answers: list[Answer], cond: Condition, seed:
             # demos: the worked solution as reference and as the answer (pure copying); slipdemos: two
             # independently slipped ones, so the answer sometimes leaves the reference and must be computed on
             slip = 0.0 if cond.read_on == "demos" else 0.1
-            ref, state = slipped_demo(tok, a, slip, slips), slipped_demo(tok, a, slip, slips)
+            # a variant whose demonstrations hold a misconception (warm_start.misconception_rate) holds it in both
+            # of a problem's demonstrations alike, as the bootstrap's reading pairs do
+            wrong = cfg.warm_start.misconception_rate
+            ref, state = (slipped_demo(tok, a, slip, slips, wrong, cfg.task.seed) for _ in range(2))
             x = critic_input(cfg, tok, Answer(a.problem_id, a.prompt, ref, [], 0.0, [], "", None), state, cond.use_reference)
             seqs.append((x, len(x) - len(state)))
         elif a.ref is not None:
@@ -375,12 +388,15 @@ def read_pretrain(cfg, model, tok, answers: list[Answer], cond: Condition, seed:
     model.eval()
 
 
-def slipped_demo(tok, a: Answer, slip: float, rng) -> list[int]:
-    """A worked solution of ``a``'s problem with slips at ``slip`` a step (arith), then EOS."""
+def slipped_demo(tok, a: Answer, slip: float, rng, misconception: float = 0.0, task_seed: int = 0) -> list[int]:
+    """A worked solution of ``a``'s problem with slips at ``slip`` a step (arith), then EOS; under the
+    misconception if the problem is one of the ``misconception`` share (``arith.misconceived``)."""
     from ac2_core.tasks import arith
 
     terms = arith.terms_of(tok.decode(a.prompt))
-    return tok(arith.slipped_solution(terms, slip_rate=slip, rng=rng), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    wrong = arith.misconceived(terms, rate=misconception, seed=task_seed)
+    text = arith.slipped_solution(terms, slip_rate=slip, rng=rng, misconceived=wrong)
+    return tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
 
 
 def slip_examples(cfg, tok, answers: list[Answer], cond: Condition, rng, n: int) -> list[tuple[list[int], list[int], float]]:
@@ -620,6 +636,69 @@ def layout_nll(tok, model, heldout: list[Answer], n: int = 256) -> dict[str, flo
     return {name: statistics.fmean(v) for name, v in losses.items()}
 
 
+def trigger_tokens(tok, answers: list[Answer]) -> list[tuple[int, int, str]]:
+    """(answer, token, kind) where each answer first meets a step the misconception changes
+    (``arith.misconceived_sum``), or first leaves the worked solution elsewhere (arith only, a
+    DIAGNOSTIC). Kinds: ``misconception`` (the answer wrote the misconceived digit), ``correct at
+    a trigger`` (the right one), ``slip at a trigger`` (another), ``slip`` (it left the solution at a
+    step the misconception leaves alone). An answer is followed until it first leaves the solution."""
+    from ac2_core.tasks import arith
+
+    found = []
+    for i, a in enumerate(answers):
+        text = tok.decode(a.response, skip_special_tokens=True)
+        if len(text) != len([t for t in a.response if t != tok.eos_token_id]):
+            continue  # not one token a character: positions would not line up
+        terms = arith.terms_of(tok.decode(a.prompt, skip_special_tokens=True))
+        total, at = terms[0], 0
+        for term in terms[1:]:
+            step = f"{total}+{term}={total + term};"
+            head = at + len(step) - len(f"{total + term};")  # where the step's result starts
+            # with the step's ';': 2+9 writes 11 or 1, which part at the second token ('1' against ';')
+            right, wrong = f"{total + term};", f"{arith.misconceived_sum(total, term)};"
+            if right != wrong and text[at:head] == step[: head - at] and len(text) > head:
+                j = next(k for k in range(len(right)) if right[k] != wrong[k])
+                if text[head : head + j] == right[:j] and len(text) > head + j:
+                    kind = {right[j]: "correct at a trigger", wrong[j]: "misconception"}.get(text[head + j], "slip at a trigger")
+                    found.append((i, head + j, kind))
+                break  # the first trigger an answer meets on the solution, whatever it wrote
+            if not text.startswith(step, at):
+                off = next((k for k in range(at, min(len(text), at + len(step))) if text[k] != step[k - at]), None)
+                if off is not None:
+                    found.append((i, off, "slip"))
+                break
+            at += len(step)
+            total += term
+    return found
+
+
+def misconception_surprise(tok, models: dict, answers: list[Answer]) -> list[dict]:
+    """The next-token loss of the tokens ``trigger_tokens`` finds, by kind, under each of ``models``
+    (name -> (model, layout): ``actor`` the prompt alone, ``critic`` problem, reference and state
+    marker, ``critic_noref`` problem and state marker). Answers with a reference only, the states
+    the headline AUC is taken on. Also the share of trigger answers that wrote the misconception."""
+    ref_id, state_id = tok.convert_tokens_to_ids("<|ref|>"), tok.convert_tokens_to_ids("<|state|>")
+    heads = {
+        "actor": lambda a: a.prompt,
+        "critic": lambda a: a.prompt + [ref_id] + a.ref + [state_id],
+        "critic_noref": lambda a: a.prompt + [state_id],
+    }
+    shown = [a for a in answers if a.ref is not None]
+    found = trigger_tokens(tok, shown)
+    rows = []
+    for name, (model, layout) in models.items():
+        wanted = sorted({i for i, _, _ in found})
+        losses = {i: token_losses(model, heads[layout](shown[i]), shown[i].response) for i in wanted}
+        by_kind: dict[str, list[float]] = {}
+        for i, pos, kind in found:
+            by_kind.setdefault(kind, []).append(float(losses[i][pos]))
+        typical = [float(x) for i in wanted for x in losses[i]]
+        by_kind["every answer token (for scale)"] = typical
+        for kind, v in by_kind.items():
+            rows.append({"condition": f"{name}: {kind}", "misconception": True, "tokens": len(v), "loss": statistics.fmean(v)})
+    return rows
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -631,6 +710,7 @@ def report(records: list[dict], meta: dict, reproduce: str) -> str:
     ceilings = [r for (_, _), r in latest.items() if r.get("ceiling")]
     layouts = [r for r in latest.values() if r.get("layout")]
     surprises = [r for r in latest.values() if r.get("surprise")]
+    misconceptions = [r for r in latest.values() if r.get("misconception")]
     runs = sorted((r for r in latest.values() if "steps" in r), key=lambda r: (r["condition"], r["steps"]))
     lines = [
         "# Critic learning: how well a critic judges partial answers, against training steps",
@@ -683,6 +763,25 @@ def report(records: list[dict], meta: dict, reproduce: str) -> str:
         "|---|---:|",
         *(f"| {r['condition'].replace('|', chr(92) + '|')} | {r['nll']:.3f} |" for r in layouts),
         "",
+        *(
+            [
+                "## The misconception (`warm_start.misconception_rate`, a DIAGNOSTIC): what surprise says at its trigger",
+                "",
+                "A trigger is the first step of an answer, still on the worked solution, whose result the misconception"
+                " changes (a term ending in 9 with a carry out of the ones place); its token is the first digit where"
+                " the right and the misconceived results differ. Held-out answers that have a reference; the next-token"
+                " loss of that token under each model in its own layout (the actor: the prompt; a reader: the critic's"
+                " layout, with or without the reference). `slip`: the token where an answer first left the solution at"
+                " a step the misconception leaves alone.",
+                "",
+                "| what | tokens | loss a token, or share |",
+                "|---|---:|---:|",
+                *(f"| {r['condition']} | {r['tokens']:,} | {r.get('share', r.get('loss', 0.0)):.3f} |" for r in misconceptions),
+                "",
+            ]
+            if misconceptions  # only a variant with the misconception has such records
+            else []
+        ),
         "## Critics: condition x steps",
         "",
         "| condition | what it is | steps | AUC past 1st chunk, with ref | AUC past 1st chunk | AUC | gap | calibration error |"
@@ -742,6 +841,11 @@ def main(argv=None) -> None:
         "--records", help="records file to append to (default: records.jsonl under --out); the report reads every *.jsonl there"
     )
     p.add_argument("--report-only", action="store_true", help="rebuild the report from the records and stop")
+    p.add_argument(
+        "--results",
+        default=str(RESULTS),
+        help="the report to write (default: bench/results/critic_learning.md); a task variant's runs (--set) keep their own",
+    )
     args = p.parse_args(argv)
     args.set = [(k, _value(v)) for k, v in args.set]
 
@@ -777,13 +881,14 @@ def main(argv=None) -> None:
         "decoded": data["decoded_tokens"],
         "batch": args.batch,
     }
-    reproduce = "nice .venv/bin/python bench/critic_learning.py --conditions " + " ".join(args.conditions)
+    reproduce = "nice .venv/bin/python bench/critic_learning.py " + reproduce_args(args, p)
+    results = Path(args.results)
 
     def publish_report() -> None:
         records = load_records(records_path.parent)
         text = report(records, meta, reproduce)
-        kept = RESULTS.read_text().split(MARKER, 1)[1] if RESULTS.exists() and MARKER in RESULTS.read_text() else "\n"
-        publish(text.rstrip("\n") + kept, RESULTS)
+        kept = results.read_text().split(MARKER, 1)[1] if results.exists() and MARKER in results.read_text() else "\n"
+        publish(text.rstrip("\n") + kept, results)
 
     if args.report_only:
         publish_report()
@@ -803,6 +908,65 @@ def main(argv=None) -> None:
                 records_path, {"condition": name, "batch": args.batch, "device": args.device, "load": os.getloadavg()[0], **row}
             )
         publish_report()
+    if cfg.task.name == "arith" and cfg.warm_start.misconception_rate:
+        for row in misconception_rows(cfg, tok, ckpt.model, train, heldout, args):
+            print(f"misconception {row['condition']}: " + "  ".join(f"{k} {v}" for k, v in row.items() if k != "condition"))
+            _append(records_path, {**row, "load": os.getloadavg()[0]})
+        publish_report()
+
+
+def misconception_rows(cfg, tok, actor, train: list[Answer], heldout: list[Answer], args) -> list[dict]:
+    """The variant's diagnostics (arith, DIAGNOSTIC): how often an answer that meets a trigger writes
+    the misconception, on problems whose demonstrations held it and on the others (a policy that had
+    memorized which problems do would write it on those alone), and the surprise of the trigger's
+    tokens under the actor and under each reading condition's backbone in its own layout."""
+    from ac2_core.tasks import arith
+
+    rows = []
+    for label, wanted in (("demonstrations held it", True), ("demonstrations did not", False)):
+        picked = [
+            a
+            for a in train
+            if arith.misconceived(
+                arith.terms_of(tok.decode(a.prompt, skip_special_tokens=True)),
+                rate=cfg.warm_start.misconception_rate,
+                seed=cfg.task.seed,
+            )
+            == wanted
+        ]
+        kinds = [k for _, _, k in trigger_tokens(tok, picked) if k != "slip"]
+        rows.append(
+            {
+                "condition": f"share of trigger answers that wrote the misconception, problems whose {label}",
+                "misconception": True,
+                "tokens": len(kinds),
+                "share": kinds.count("misconception") / max(len(kinds), 1),
+            }
+        )
+    models = {"actor": (actor, "actor")}
+    for name in args.conditions:
+        cond = CONDITIONS[name]
+        if cond.read_steps and cond.backbone == "actor":
+            reader = read_backbone(cfg, actor, tok, train, cond, args.seed, Path(args.out))
+            models[f"reader of {name}"] = (reader, "critic" if cond.use_reference else "critic_noref")
+    return rows + misconception_surprise(tok, models, heldout)
+
+
+def reproduce_args(args, parser) -> str:
+    """The options of this invocation that differ from their defaults, as a command line (--report-only aside)."""
+    import shlex
+
+    parts = []
+    for name in ("config", "out", "results", "train_problems", "heldout_problems", "samples", "batch", "seed"):
+        value = getattr(args, name)
+        if value != parser.get_default(name):
+            parts += [f"--{name.replace('_', '-')}", str(value)]
+    for key, value in args.set:
+        parts += ["--set", key, json.dumps(value)]
+    if args.steps != parser.get_default("steps"):
+        parts += ["--steps", *map(str, args.steps)]
+    parts += ["--conditions", *args.conditions]
+    return shlex.join(parts)
 
 
 def load_records(folder: Path) -> list[dict]:
