@@ -1,7 +1,7 @@
 """Per-task orchestration overhead of kfp.local: the seconds each task spends outside its
 stage function (process start, imports, kfp's executor, artifact bookkeeping).
 
-    nice -n 5 .venv/bin/python bench/kfp_overhead.py [--config toy|tiny] [--repeats 3] [--out DIR]
+    nice -n 10 .venv/bin/python bench/kfp_overhead.py [--config toy|tiny] [--repeats 3] [--out DIR]
 
 Bootstraps once (not measured), then runs the same first iteration on the same artifacts
 three ways: through kfp.local with cold tasks (every task imports the stage code itself,
@@ -19,10 +19,15 @@ The per-task table is the first warm run's. For each task:
     imports   a fresh ``python -c "import kfp.dsl.executor_main, components.io, <stage module>"``
               with ``_KFP_RUNTIME=true`` as in a cold task (kfp then skips its client), wall and CPU
 
+    CPU       warm: the task's worker (the ``taskhost: worker`` line of the host's log);
+              inprocess: the stage call's process CPU time
+
 and for the whole iteration the wall and CPU seconds (user + system) of all task processes
-(with the host: the host and its workers, the host's start and imports included; its
-start is timed apart, as it happens once per ``ac2 run``) against the inprocess
-runner's: on a shared machine CPU time moves far less with the load than wall time does.
+(with the host: its workers, and the host's own work between its start and its stop, both once
+per ``ac2 run``: its start is timed apart) against the inprocess runner's: on a
+shared machine CPU time moves far less with the load than wall time does. Before the rounds
+the inprocess runner runs the iteration once unmeasured, so that its rounds, like the host's,
+do not pay the process's imports. Per-task figures are medians over the rounds.
 
 Writes bench/results/kfp_overhead.md. Not a test: numbers depend on the machine's load.
 """
@@ -102,6 +107,9 @@ def import_seconds(module: str, repeats: int = 3) -> tuple[float, float]:
     return _timed([sys.executable, "-c", f"import kfp.dsl.executor_main, components.io, {module}"], repeats)
 
 
+WORKER = re.compile(r"^taskhost: worker \d+ ran components\.io:execute_stage \((\w+)\) in [\d.]+s, ([\d.]+)s CPU", re.M)
+
+
 def _children_cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
@@ -113,26 +121,69 @@ def kfp_iteration(cfg, boot: dict, root: Path, label: str, *, warm: bool) -> dic
     from pipelines import taskhost
     from pipelines.dag import iteration_pipeline
 
-    t0, c0 = time.perf_counter(), _children_cpu()
-    host_start = 0.0
+    host_log = root / "logs" / f"{label}-taskhost.log"
+    t0 = time.perf_counter()
+    host_start, host_cpu, workers = 0.0, 0.0, {}
     with contextlib.ExitStack() as stack:
-        if warm:  # the host starts once per `ac2 run`: its start is timed apart, its CPU is counted
-            address = stack.enter_context(local.warm_task_host(root / "logs" / f"{label}-taskhost.log"))
+        if warm:  # the host starts once per `ac2 run`: its start is timed apart, and its CPU until then left out
+            address = stack.enter_context(local.warm_task_host(host_log))
             host_start = time.perf_counter() - t0 + taskhost.wait_ready(address)
-        t1 = time.perf_counter()
+            host_cpu = -_own_cpu(address)
+        t1, c1 = time.perf_counter(), _children_cpu()
         arguments = driver.pipeline_arguments(cfg, 1, lambda _, name: boot[name])
         run_root = local.run_pipeline(iteration_pipeline, arguments, root, label)
         wall = time.perf_counter() - t1
-    # the host has exited here, so its workers' CPU time is in this process's children's
-    cpu = _children_cpu() - c0
+        cpu = _children_cpu() - c1  # the task processes; the host and its workers are not reaped yet
+        if warm:
+            host_cpu += _own_cpu(address)  # its work between tasks: loading models, forking
+            workers = _worker_cpu(host_log, len(stage_seconds(run_root)))
     return {
         "host_start": host_start,
         "walls": task_walls(root / "logs" / f"{label}.log"),
         "stage": stage_seconds(run_root),
+        "task_cpu": workers,
         "wall": wall,
-        "cpu": cpu,
+        "cpu": cpu + host_cpu + sum(workers.values()),
         "outputs": driver.find_outputs(str(run_root)),
     }
+
+
+def _own_cpu(address: str) -> float:
+    """CPU seconds (user + system) of the task host serving at ``address``, not its workers'."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            if address.encode() in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    raise RuntimeError(f"no task host serves at {address}")
+
+
+def _worker_cpu(host_log: Path, tasks: int) -> dict[str, float]:
+    """Each task's worker CPU seconds, from the host's log, once all ``tasks`` workers have written
+    their line (a worker writes it after its reply, so the last may come after the run ends)."""
+    deadline = time.monotonic() + 30
+    while len(found := WORKER.findall(host_log.read_text())) < tasks and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return {name.replace("_", "-"): float(c) for name, c in found}
+
+
+def inprocess_iteration(cfg, boot: dict, folder: Path) -> dict:
+    """The same iteration through the inprocess runner's stage calls, on a copy of the bootstrap in
+    ``folder``: each stage's wall and CPU seconds (as ``inprocess.run_iteration`` calls them), the
+    iteration's, and its output URIs."""
+    layout = RunLayout(str(folder))
+    for name, uri in boot.items():
+        Path(layout.bootstrap(name)).parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cp", "-r", uri, layout.bootstrap(name)], check=True)
+    store, named = ModelStore(cfg, keep_in_memory=True), inprocess.named_inputs(cfg, 1)
+    walls, cpus = {}, {}
+    t0, c0 = time.perf_counter(), time.process_time()
+    for call in inprocess.stage_calls(cfg, layout, 1):
+        t, c = time.perf_counter(), time.process_time()
+        call.run(cfg, store=store, named=named[call.stage])
+        walls[call.stage], cpus[call.stage] = time.perf_counter() - t, time.process_time() - c
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {"stage": walls, "stage_cpu": cpus, "wall": wall, "cpu": cpu, "layout": layout}
 
 
 def main() -> None:
@@ -157,29 +208,34 @@ def main() -> None:
     load_start = os.getloadavg()[0]
     cold = kfp_iteration(cfg, boot, root, "iter-0001-cold", warm=False)
     print(f"kfp.local, cold tasks: {cold['wall']:.1f}s (load {load_start:.2f})", flush=True)
-    pairs = []  # (warm kfp.local run, inprocess wall, inprocess CPU, inprocess stage seconds, loads)
+    t0 = time.perf_counter()
+    inprocess_iteration(cfg, boot, work / "inprocess-warmup")  # the process's imports, as the host's start
+    print(f"inprocess warm-up (not measured): {time.perf_counter() - t0:.1f}s", flush=True)
+    rounds = []  # (warm kfp.local run, inprocess run, (load before each), outputs identical)
     for n in range(args.repeats):
         load_w = os.getloadavg()[0]
         w = kfp_iteration(cfg, boot, root, f"iter-0001-warm-{n}", warm=True)
         load_i = os.getloadavg()[0]
-        layout = RunLayout(str(work / f"inprocess-{n}"))  # the same iteration in one process, on a copy of the bootstrap
-        for name, uri in boot.items():
-            Path(layout.bootstrap(name)).parent.mkdir(parents=True, exist_ok=True)
-            subprocess.run(["cp", "-r", uri, layout.bootstrap(name)], check=True)
-        t0, c0 = time.perf_counter(), time.process_time()
-        ip_stage = inprocess.run_iteration(cfg, layout, 1, ModelStore(cfg, keep_in_memory=True))["seconds"]
-        ip_wall, ip_cpu = time.perf_counter() - t0, time.process_time() - c0
+        ip = inprocess_iteration(cfg, boot, work / f"inprocess-{n}")
+        layout = ip["layout"]
         same_ip = all(storage.content_hash(w["outputs"][k]) == storage.content_hash(layout.output(1, k)) for k in w["outputs"])
-        pairs.append((w, ip_wall, ip_cpu, ip_stage, (load_w, load_i), same_ip))
+        rounds.append((w, ip, (load_w, load_i), same_ip))
         print(
-            f"round {n + 1}: kfp.local warm {w['wall']:.1f}s (load {load_w:.2f}), inprocess {ip_wall:.1f}s"
-            f" (load {load_i:.2f}): {w['wall'] / ip_wall:.2f}x",
+            f"round {n + 1}: kfp.local warm {w['wall']:.1f}s, {w['cpu']:.1f}s CPU (load {load_w:.2f}), inprocess"
+            f" {ip['wall']:.1f}s, {ip['cpu']:.1f}s CPU (load {load_i:.2f}): {w['wall'] / ip['wall']:.2f}x wall,"
+            f" {w['cpu'] / ip['cpu']:.2f}x CPU",
             flush=True,
         )
-    warm, inprocess_wall, inprocess_cpu, inproc = pairs[0][0], pairs[0][1], pairs[0][2], pairs[0][3]
     hashes = lambda run: {k: storage.content_hash(uri) for k, uri in run["outputs"].items()}  # noqa: E731
-    same = all(hashes(w) == hashes(cold) and same_ip for w, *_, same_ip in pairs)
+    same = all(hashes(w) == hashes(cold) and same_ip for w, _, _, same_ip in rounds)
     load_end = os.getloadavg()[0]
+    med = statistics.median
+    warm = {  # per task, the median over the rounds
+        key: {t: med(w[key].get(t, 0.0) for w, *_ in rounds) for t in rounds[0][0][key]} for key in ("walls", "stage", "task_cpu")
+    }
+    warm |= {k: med(w[k] for w, *_ in rounds) for k in ("wall", "cpu", "host_start")}
+    inproc = {key: {t: med(ip[key][t] for _, ip, *_ in rounds) for t in rounds[0][1][key]} for key in ("stage", "stage_cpu")}
+    inprocess_wall, inprocess_cpu = med(ip["wall"] for _, ip, *_ in rounds), med(ip["cpu"] for _, ip, *_ in rounds)
 
     python_start = _timed([sys.executable, "-c", "pass"])
     kfp_start = _timed([sys.executable, "-c", "import kfp.dsl.executor_main, components.io"])
@@ -189,7 +245,7 @@ def main() -> None:
             continue
         name = task.replace("-", "_")
         module = "ac2_core.config" if name == "config" else f"ac2_core.stages.{name}"
-        rows.append((name, cold, warm, import_seconds(module), inproc.get(name)))
+        rows.append((name, cold, warm, import_seconds(module), inproc["stage"].get(name), inproc["stage_cpu"].get(name)))
     n = len(rows)
 
     def overheads(run: dict) -> list[float]:
@@ -199,8 +255,9 @@ def main() -> None:
         "# kfp.local per-task overhead",
         "",
         f"Config: {described}. Machine: {os.cpu_count()} CPUs, load average {load_start:.2f} before the kfp.local"
-        f" iterations, {load_end:.2f} after the inprocess one.",
-        f"Reproduce: `nice -n 5 .venv/bin/python bench/kfp_overhead.py --config {args.config} --repeats {args.repeats}`",
+        f" iterations, {load_end:.2f} after the last inprocess one (each round's below): wall times, and their"
+        " ratios, were measured under that load.",
+        f"Reproduce: `nice -n 10 .venv/bin/python bench/kfp_overhead.py --config {args.config} --repeats {args.repeats}`",
         "",
         "cold = every task a fresh process that imports the stage code (as on a cluster);"
         " warm = the tasks hand their stage calls to the warm task host (`pipelines.taskhost`, the default of"
@@ -209,19 +266,21 @@ def main() -> None:
         f" stage module, as a cold task does; wall and CPU, best of 3 (bare `python -c pass`: {python_start[0]:.2f}s"
         f" wall; with kfp's executor and components.io: {kfp_start[0]:.2f}s wall, {kfp_start[1]:.2f}s CPU)."
         " A cold task imports more at run time (transformers' model code where a model is loaded), inside its stage"
-        " seconds.",
+        " seconds. warm CPU = the task's worker, from its line in the host's log; inprocess CPU = the stage call's."
+        f" warm and inprocess: medians over the {args.repeats} rounds.",
         "",
         "| task | cold: wall s | stage s | overhead s | imports s (CPU s) | warm: wall s | stage s | overhead s"
-        " | inprocess stage s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        " | CPU s | inprocess: stage s | CPU s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, c, w, (imp, imp_cpu), ip in rows:
+    for name, c, w, (imp, imp_cpu), ip, ip_cpu in rows:
         t = name.replace("_", "-")
-        ip_s = "" if ip is None else f"{ip:.2f}"
+        ip_s = "" if ip is None else f"{ip:.2f} | {ip_cpu:.2f}"
+        w_cpu = f"{w['task_cpu'][t]:.2f}" if t in w["task_cpu"] else ""
         c_stage, w_stage = c["stage"].get(t, 0.0), w["stage"].get(t, 0.0)
         lines.append(
             f"| {name} | {c['walls'][t]:.2f} | {c_stage:.2f} | {c['walls'][t] - c_stage:.2f} | {imp:.2f} ({imp_cpu:.2f})"
-            f" | {w['walls'][t]:.2f} | {w_stage:.2f} | {w['walls'][t] - w_stage:.2f} | {ip_s} |"
+            f" | {w['walls'][t]:.2f} | {w_stage:.2f} | {w['walls'][t] - w_stage:.2f} | {w_cpu} | {ip_s or ' |'} |"
         )
     lines.append("")
     for label, run in (("cold", cold), ("warm", warm)):
@@ -234,21 +293,24 @@ def main() -> None:
         ]
     lines += [
         f"- the warm host's start, once per `ac2 run`: {warm['host_start']:.1f}s until its imports were done"
-        " (tasks that arrive earlier queue; its CPU is in the warm iteration's)",
+        " (tasks that arrive earlier queue; its CPU, and its stop's, are left out of the warm iteration's)",
         f"- inprocess: {inprocess_wall:.1f}s wall, {inprocess_cpu:.1f}s CPU"
         f" (kfp.local / inprocess: cold {cold['wall'] / inprocess_wall:.1f}x, warm {warm['wall'] / inprocess_wall:.1f}x)",
         f"- cold, warm and inprocess outputs identical (content hashes, every run): {'yes' if same else 'NO'}",
         "",
-        "Interleaved rounds (warm kfp.local, then inprocess, each a fresh copy of the bootstrap):",
+        "Interleaved rounds (warm kfp.local, then inprocess, each a fresh copy of the bootstrap; CPU: user + system"
+        " of every process of the iteration):",
         "",
-        "| round | kfp.local warm s (load) | inprocess s (load) | kfp.local / inprocess |",
-        "|---|---:|---:|---:|",
+        "| round | kfp.local warm s (load) | inprocess s (load) | wall ratio | warm CPU s | inprocess CPU s | CPU ratio |",
+        "|---|---:|---:|---:|---:|---:|---:|",
         *(
-            f"| {n + 1} | {w['wall']:.1f} ({lw:.2f}) | {ip:.1f} ({li:.2f}) | {w['wall'] / ip:.2f}x |"
-            for n, (w, ip, _, _, (lw, li), _) in enumerate(pairs)
+            f"| {n + 1} | {w['wall']:.1f} ({lw:.2f}) | {ip['wall']:.1f} ({li:.2f}) | {w['wall'] / ip['wall']:.2f}x"
+            f" | {w['cpu']:.1f} | {ip['cpu']:.1f} | {w['cpu'] / ip['cpu']:.2f}x |"
+            for n, (w, ip, (lw, li), _) in enumerate(rounds)
         ),
         "",
-        f"**Median of the per-round ratios: {statistics.median(w['wall'] / ip for w, ip, *_ in pairs):.2f}x** (goal ≤ 1.2x).",
+        f"**Median of the per-round ratios: {med(w['wall'] / ip['wall'] for w, ip, *_ in rounds):.2f}x wall,"
+        f" {med(w['cpu'] / ip['cpu'] for w, ip, *_ in rounds):.2f}x CPU** (goal ≤ 1.2x).",
     ]
     report = "\n".join(lines) + "\n"
     print("\n" + report)
