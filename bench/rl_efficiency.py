@@ -54,6 +54,7 @@ UNCERTAIN = {"readiness.gate": False, "rollout.prefix_cut": "uncertain"}
 FLOOR = {"advantage.scale_std": True, "advantage.std_floor": 0.1}
 AGE8 = {"rollout.prefix_max_age": 8}  # chunk-mode states cut from whole answers at most 8 iterations old
 FULL2 = {"rollout.full_group_size": 2}  # full-mode groups of 2 answers once chunk mode is on (G stays 4)
+R97 = {"rollout.revisit_fraction": 0.97}  # 97% of the problems from replay: a smaller pool, revisited more often (both algorithms)
 VARIANTS: dict[str, dict] = {
     "ac2": {},
     "ac2_oracle": ORACLE,
@@ -88,6 +89,12 @@ VARIANTS: dict[str, dict] = {
     "ac2_oracle_age8_f2": {**ORACLE, **UNCERTAIN, **AGE8, **FULL2},
     "ac2_floor_age8_f2": {**UNCERTAIN, **FLOOR, **AGE8, **FULL2},
     "grpo_g2": {"algorithm": "grpo", "rollout.group_size": 2},
+    # revisited more often, so a fresh answer serves more chunk-mode visits before it ages out; GRPO draws alike
+    "grpo_r97": {"algorithm": "grpo", **R97},
+    "ac2_oracle_age8_p0_r97": {**ORACLE, **UNCERTAIN, **AGE8, "rollout.probe_fraction": 0.0, **R97},
+    "ac2_floor_age8_p0_r97": {**UNCERTAIN, **FLOOR, **AGE8, "rollout.probe_fraction": 0.0, **R97},
+    # two chunk-mode prefixes a problem (the fresh answer's two least likely tokens): more of the cheap chunk groups
+    "ac2_oracle_age8_k2": {**ORACLE, **UNCERTAIN, **AGE8, "rollout.prefixes_per_problem": 2},
     # chunk-mode prefixes cut from successful answers (none start past a fatal slip), gate off
     "ac2_no_gate_success": {"readiness.gate": False, "rollout.prefix_source": "success"},
     # ... and chunk advantages divided by their group's std, as GRPO divides its rewards'
