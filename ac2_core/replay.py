@@ -54,8 +54,15 @@ def choose_reference(trajectories: Iterable[dict], *, exclude: str | None, succe
     return min(ok, key=_newest_first)["trajectory_id"] if ok else None
 
 
-def merge_replay(replay: list[dict], new: list[dict], *, max_per_problem: int) -> list[dict]:
-    """Add ``new`` trajectories and keep the newest ``max_per_problem`` of each problem."""
+def merge_replay(replay: list[dict], new: list[dict], *, max_per_problem: int, whole_first: bool = False) -> list[dict]:
+    """Add ``new`` trajectories and keep the newest ``max_per_problem`` of each problem.
+
+    With ``whole_first``, whole answers (full-mode trajectories) are kept ahead of
+    continuations stitched onto a prefix, newest first within each: a continuation then
+    takes only a slot no whole answer needs. Where chunk-mode prefixes are cut from whole
+    answers alone (``rollout.prefix_max_age``), the continuations of two chunk groups a visit
+    would otherwise push a problem's fresh answers out within two visits (research log,
+    section 11)."""
     by_problem: dict[str, list[dict]] = defaultdict(list)
     seen = set()
     for row in [*new, *replay]:  # a rerun's rows replace older copies with the same id
@@ -64,7 +71,8 @@ def merge_replay(replay: list[dict], new: list[dict], *, max_per_problem: int) -
             by_problem[row["problem_id"]].append(row)
     merged = []
     for pid in sorted(by_problem):
-        merged.extend(sorted(by_problem[pid], key=_newest_first)[:max_per_problem])
+        key = (lambda t: (t["source_trajectory_id"] is not None, *_newest_first(t))) if whole_first else _newest_first
+        merged.extend(sorted(by_problem[pid], key=key)[:max_per_problem])
     return merged
 
 

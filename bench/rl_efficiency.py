@@ -95,6 +95,8 @@ VARIANTS: dict[str, dict] = {
     "ac2_floor_age8_p0_r97": {**UNCERTAIN, **FLOOR, **AGE8, "rollout.probe_fraction": 0.0, **R97},
     # two chunk-mode prefixes a problem (the fresh answer's two least likely tokens): more of the cheap chunk groups
     "ac2_oracle_age8_k2": {**ORACLE, **UNCERTAIN, **AGE8, "rollout.prefixes_per_problem": 2},
+    # ... with whole answers kept in the replay ahead of the continuations that pushed them out
+    "ac2_oracle_age8_k2_w": {**ORACLE, **UNCERTAIN, **AGE8, "rollout.prefixes_per_problem": 2, "replay.whole_answers_first": True},
     # chunk-mode prefixes cut from successful answers (none start past a fatal slip), gate off
     "ac2_no_gate_success": {"readiness.gate": False, "rollout.prefix_source": "success"},
     # ... and chunk advantages divided by their group's std, as GRPO divides its rewards'

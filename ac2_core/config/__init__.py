@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_serializer, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from ac2_core.config.base import ConfigError, Section, plain_url
 from ac2_core.config.cluster import ClusterConfig
@@ -180,6 +180,8 @@ class TaskConfig(Section):
 class WarmStartConfig(Section):
     """Supervised warm start on reference solutions, before RL."""
 
+    added_later = ("misconception_rate",)  # left out of the dump at their defaults (Section)
+
     max_steps: int = Field(600, ge=0, description="SFT steps (all of them, unless target_score stops earlier); 0 skips it")
     batch_size: int = Field(64, ge=1, description="sequences per SFT step")
     lr: float = Field(1e-3, gt=0, description="AdamW learning rate")
@@ -205,17 +207,9 @@ class WarmStartConfig(Section):
         None, gt=0, le=1, description="stop at the first evaluation whose sampled score reaches this; unset: run max_steps"
     )
 
-    @model_serializer(mode="wrap")
-    def _misconception_only_when_set(self, handler):
-        # a config without the misconception dumps, and so hashes, as it did before the field existed:
-        # its bootstraps and run folders stay adoptable and resumable
-        data = handler(self)
-        if not self.misconception_rate:
-            data.pop("misconception_rate", None)
-        return data
-
 
 class RolloutConfig(Section):
+    added_later = ("full_group_size",)  # left out of the dump at their defaults (Section)
     problems_per_iteration: int = Field(16, ge=1, description="problems drawn each iteration")
     group_size: int = Field(8, ge=2, description="G: samples per prefix")
     chunk_tokens: int = Field(16, ge=1, description="L: token budget of one action chunk")
@@ -270,7 +264,13 @@ class RolloutConfig(Section):
 
 
 class ReplayConfig(Section):
+    added_later = ("whole_answers_first",)  # left out of the dump at their defaults (Section)
     max_trajectories_per_problem: int = Field(16, ge=1, description="bound on the replay kept per problem (newest kept)")
+    whole_answers_first: bool = Field(
+        False,
+        description="keep a problem's whole answers ahead of continuations stitched onto a prefix (newest first within "
+        "each); off: the newest trajectories, whatever their kind",
+    )
     success_threshold: float = Field(
         1.0, gt=0, le=1, description="reward at which a finished trajectory can serve as a reference solution"
     )

@@ -69,6 +69,7 @@ def run(
         read(replay, "replay"),
         _trajectories(read(scored_chunks, "scored_chunks"), cfg),
         max_per_problem=cfg.replay.max_trajectories_per_problem,
+        whole_first=cfg.replay.whole_answers_first,
     )
     by_problem: dict[str, list[dict]] = defaultdict(list)
     for t in merged:

@@ -232,3 +232,18 @@ def test_misconception_rate_unset_leaves_every_hash_and_dump_as_before():
     assert varied.bootstrap_hash() != cfg.bootstrap_hash() and varied.config_hash() != cfg.config_hash()
     again = config_from_json(varied.to_json())
     assert again == varied and again.warm_start.misconception_rate == 0.5
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("rollout.full_group_size", 2), ("replay.whole_answers_first", True)],
+)
+def test_fields_added_later_leave_a_default_config_dumping_and_hashing_as_before(field, value):
+    section, name = field.split(".")
+    default = load_config(TOY)
+    assert name not in default.model_dump(mode="json")[section]  # as configs were before the field existed
+    assert config_from_json(default.to_json()) == default
+    changed = load_config(TOY, {field: value})
+    assert changed.model_dump(mode="json")[section][name] == value
+    assert changed.config_hash() != default.config_hash()
+    assert config_from_json(changed.to_json()) == changed

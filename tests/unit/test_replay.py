@@ -141,6 +141,21 @@ def test_merge_replay_new_row_replaces_the_same_id():
     assert merged[0] is rerun and merged[0]["finished"] and len(merged[0]["token_ids"]) == 20
 
 
+def test_merge_replay_whole_first_keeps_whole_answers_ahead_of_newer_continuations():
+    whole = [_traj(f"w{i}", iteration=i, pv=i, finished=True, reward=0.0) for i in (1, 2)]
+    stitched = [
+        _traj(f"c{i}", iteration=i, pv=i, finished=False, reward=None) | {"source_trajectory_id": "w2"} for i in (3, 4, 5)
+    ]
+    # by age alone the three newer continuations push both whole answers out
+    assert [t["trajectory_id"] for t in merge_replay(whole, stitched, max_per_problem=3)] == ["c5", "c4", "c3"]
+    # whole answers first, then the newest continuations in the slots left
+    kept = merge_replay(whole, stitched, max_per_problem=3, whole_first=True)
+    assert [t["trajectory_id"] for t in kept] == ["w2", "w1", "c5"]
+    # a newer whole answer still evicts the oldest whole answer
+    newer = [_traj(f"w{i}", iteration=i, pv=i, finished=True, reward=1.0) for i in (6, 7, 8)]
+    assert [t["trajectory_id"] for t in merge_replay(kept, newer, max_per_problem=3, whole_first=True)] == ["w8", "w7", "w6"]
+
+
 def test_merge_replay_with_nothing_new_only_trims():
     replay = [_traj(f"t{i}", iteration=i, pv=i, finished=True, reward=0.0) for i in range(5)]
     # Newest two of iterations 0..4 are 4 and 3.
