@@ -78,6 +78,7 @@ class Condition:
     )
     answers: int | None = None  # fit the value on the first this many training answers (None: all)
     backbone: str = "actor"  # actor: the warm-started actor's; bootstrap: the bootstrap's critic (critic.read_steps)
+    read_continues: int = 0  # the reading goes on from this condition's cached reading of this many steps (a fresh AdamW)
     note: str = ""
     overrides: dict = field(default_factory=dict)  # reserved for critic options of the library
 
@@ -134,9 +135,12 @@ CONDITIONS: dict[str, Condition] = {
     "bootstrap_dense": Condition(dense=True, lr=3e-4, backbone="bootstrap", note="the bootstrap's critic (it read)"),
     "bootstrap_dense_noref": Condition(dense=True, lr=3e-4, backbone="bootstrap", use_reference=False),
 }
+CONDITIONS["surprise_frozen_readslip500+500_dense"] = replace(
+    CONDITIONS["surprise_frozen_readslip500_dense"], read_steps=1000, read_continues=500, note="reads 500 steps more"
+)
 CONDITIONS |= {
     f"{name}_noref": replace(CONDITIONS[name], use_reference=False, note="")
-    for name in ("surprise_readslip500_dense", "surprise_frozen_readslip500_dense")
+    for name in ("surprise_readslip500_dense", "surprise_frozen_readslip500_dense", "surprise_frozen_readslip500+500_dense")
 }
 
 
@@ -331,13 +335,20 @@ def read_backbone(cfg, actor, tok, answers: list[Answer], cond: Condition, seed:
     from transformers import AutoModelForCausalLM
 
     key = f"read-{cond.read_on}-{cond.read_steps}-{cond.read_lr:g}-{'ref' if cond.use_reference else 'noref'}-{seed}"
+    if cond.read_continues:  # not the reading of read_steps from the start
+        key += f"-from{cond.read_continues}"
     if cfg.warm_start.misconception_rate:  # the reading pairs hold the misconception: another reading
         key += f"-misconception{cfg.warm_start.misconception_rate:g}"
     path = cache / key
     if (path / "config.json").exists():
         print(f"    reading: cached at {path}", flush=True)
         return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(next(actor.parameters()).device)
-    model = copy.deepcopy(actor)
+    if cond.read_continues:  # go on from the shorter reading, which must be cached
+        model = read_backbone(
+            cfg, actor, tok, answers, replace(cond, read_steps=cond.read_continues, read_continues=0), seed, cache
+        )
+    else:
+        model = copy.deepcopy(actor)
     read_pretrain(cfg, model, tok, answers, cond, seed)
     tmp = path.with_name(path.name + ".tmp")
     model.save_pretrained(tmp)
@@ -369,10 +380,11 @@ def read_pretrain(cfg, model, tok, answers: list[Answer], cond: Condition, seed:
         elif a.ref is not None:
             x = critic_input(cfg, tok, a, a.response, cond.use_reference)
             seqs.append((x, len(x) - len(a.response)))
-    rng = np.random.default_rng(seed)
+    # a continued reading draws other batches than the reading it continues
+    rng = np.random.default_rng([seed, cond.read_continues] if cond.read_continues else seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cond.read_lr)
     model.train()
-    for step in range(cond.read_steps):
+    for step in range(cond.read_continues, cond.read_steps):
         batch = [seqs[i] for i in rng.choice(len(seqs), size=min(64, len(seqs)), replace=False)]
         ids, mask = batch_tensors([x for x, _ in batch], tok.pad_token_id, next(model.parameters()).device)
         loss_mask = torch.zeros_like(ids, dtype=torch.bool)
@@ -808,6 +820,8 @@ def describe(c: Condition) -> str:
     parts = ["dense" if c.dense else "cuts", f"lr {c.lr:g}", "ref" if c.use_reference else "no ref"]
     if c.read_steps:
         parts.append(f"reads {c.read_steps} steps on {c.read_on}")
+    if c.read_continues:
+        parts.append(f"(the last {c.read_steps - c.read_continues} after the cached {c.read_continues}, a fresh AdamW)")
     if c.surprise:
         parts.append("reads its surprise (largest and mean next-token loss so far)")
     if not c.train_backbone:
