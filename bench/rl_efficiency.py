@@ -97,6 +97,9 @@ VARIANTS: dict[str, dict] = {
     "ac2_oracle_age8_k2": {**ORACLE, **UNCERTAIN, **AGE8, "rollout.prefixes_per_problem": 2},
     # ... with whole answers kept in the replay ahead of the continuations that pushed them out
     "ac2_oracle_age8_k2_w": {**ORACLE, **UNCERTAIN, **AGE8, "rollout.prefixes_per_problem": 2, "replay.whole_answers_first": True},
+    # a larger actor step for both algorithms (3e-5 was GRPO's best of 1e-5, 3e-5 and 1e-4): does the pace grow with the signal?
+    "grpo_lr5": {"algorithm": "grpo", "actor.lr": 5e-5},
+    "ac2_oracle_age8_lr5": {**ORACLE, **UNCERTAIN, **AGE8, "actor.lr": 5e-5},
     # chunk-mode prefixes cut from successful answers (none start past a fatal slip), gate off
     "ac2_no_gate_success": {"readiness.gate": False, "rollout.prefix_source": "success"},
     # ... and chunk advantages divided by their group's std, as GRPO divides its rewards'
