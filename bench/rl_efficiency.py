@@ -54,7 +54,7 @@ UNCERTAIN = {"readiness.gate": False, "rollout.prefix_cut": "uncertain"}
 FLOOR = {"advantage.scale_std": True, "advantage.std_floor": 0.1}
 AGE8 = {"rollout.prefix_max_age": 8}  # chunk-mode states cut from whole answers at most 8 iterations old
 FULL2 = {"rollout.full_group_size": 2}  # full-mode groups of 2 answers once chunk mode is on (G stays 4)
-R97 = {"rollout.revisit_fraction": 0.97}  # 97% of the problems from replay: a smaller pool, revisited more often (both algorithms)
+R97 = {"rollout.revisit_fraction": 0.97}  # 97% of the problems from replay: a smaller pool, revisited more often
 VARIANTS: dict[str, dict] = {
     "ac2": {},
     "ac2_oracle": ORACLE,
@@ -96,7 +96,13 @@ VARIANTS: dict[str, dict] = {
     # two chunk-mode prefixes a problem (the fresh answer's two least likely tokens): more of the cheap chunk groups
     "ac2_oracle_age8_k2": {**ORACLE, **UNCERTAIN, **AGE8, "rollout.prefixes_per_problem": 2},
     # ... with whole answers kept in the replay ahead of the continuations that pushed them out
-    "ac2_oracle_age8_k2_w": {**ORACLE, **UNCERTAIN, **AGE8, "rollout.prefixes_per_problem": 2, "replay.whole_answers_first": True},
+    "ac2_oracle_age8_k2_w": {
+        **ORACLE,
+        **UNCERTAIN,
+        **AGE8,
+        "rollout.prefixes_per_problem": 2,
+        "replay.whole_answers_first": True,
+    },
     # a larger actor step for both algorithms (3e-5 was GRPO's best of 1e-5, 3e-5 and 1e-4): does the pace grow with the signal?
     "grpo_lr5": {"algorithm": "grpo", "actor.lr": 5e-5},
     "ac2_oracle_age8_lr5": {**ORACLE, **UNCERTAIN, **AGE8, "actor.lr": 5e-5},
