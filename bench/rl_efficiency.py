@@ -106,6 +106,9 @@ VARIANTS: dict[str, dict] = {
     # a larger actor step for both algorithms (3e-5 was GRPO's best of 1e-5, 3e-5 and 1e-4): does the pace grow with the signal?
     "grpo_lr5": {"algorithm": "grpo", "actor.lr": 5e-5},
     "ac2_oracle_age8_lr5": {**ORACLE, **UNCERTAIN, **AGE8, "actor.lr": 5e-5},
+    # ... or two optimizer steps an iteration on the same rows (PPO's clip bounds the second)
+    "grpo_s2": {"algorithm": "grpo", "actor.steps_per_iteration": 2},
+    "ac2_oracle_age8_s2": {**ORACLE, **UNCERTAIN, **AGE8, "actor.steps_per_iteration": 2},
     # chunk-mode prefixes cut from successful answers (none start past a fatal slip), gate off
     "ac2_no_gate_success": {"readiness.gate": False, "rollout.prefix_source": "success"},
     # ... and chunk advantages divided by their group's std, as GRPO divides its rewards'
