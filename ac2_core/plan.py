@@ -179,7 +179,7 @@ def _iteration(cfg: AC2Config, arch: Architecture, shape: Shape) -> dict:
     """Tokens and FLOPs of one iteration under ``shape``."""
     r = cfg.rollout
     R, L, Lp, G = _response(cfg, shape), r.chunk_tokens, shape.prompt_tokens, r.group_size
-    Gf = r.full_group_size if cfg.uses_critic and r.full_group_size else G  # samples of a full-mode group
+    Gf = cfg.full_group_samples
     full = round(r.problems_per_iteration * (1 - shape.ready_share))
     chunk_prefixes = (r.problems_per_iteration - full) * r.prefixes_per_problem
     prefix = R // 2 // L * L  # a chunk continues an answer from about its middle

@@ -168,22 +168,16 @@ def _worker_cpu(host_log: Path, tasks: int) -> dict[str, float]:
 
 
 def inprocess_iteration(cfg, boot: dict, folder: Path) -> dict:
-    """The same iteration through the inprocess runner's stage calls, on a copy of the bootstrap in
-    ``folder``: each stage's wall and CPU seconds (as ``inprocess.run_iteration`` calls them), the
-    iteration's, and its output URIs."""
+    """The same iteration through the inprocess runner (``inprocess.run_iteration``), on a copy of the
+    bootstrap in ``folder``: each stage's wall and CPU seconds, the iteration's, and its layout."""
     layout = RunLayout(str(folder))
     for name, uri in boot.items():
         Path(layout.bootstrap(name)).parent.mkdir(parents=True, exist_ok=True)
         subprocess.run(["cp", "-r", uri, layout.bootstrap(name)], check=True)
-    store, named = ModelStore(cfg, keep_in_memory=True), inprocess.named_inputs(cfg, 1)
-    walls, cpus = {}, {}
     t0, c0 = time.perf_counter(), time.process_time()
-    for call in inprocess.stage_calls(cfg, layout, 1):
-        t, c = time.perf_counter(), time.process_time()
-        call.run(cfg, store=store, named=named[call.stage])
-        walls[call.stage], cpus[call.stage] = time.perf_counter() - t, time.process_time() - c
+    results = inprocess.run_iteration(cfg, layout, 1, ModelStore(cfg, keep_in_memory=True))
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    return {"stage": walls, "stage_cpu": cpus, "wall": wall, "cpu": cpu, "layout": layout}
+    return {"stage": results["seconds"], "stage_cpu": results["cpu_seconds"], "wall": wall, "cpu": cpu, "layout": layout}
 
 
 def main() -> None:

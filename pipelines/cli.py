@@ -141,7 +141,7 @@ def _saving_bound(cfg: AC2Config) -> dict:
         prefixes_per_problem=r.prefixes_per_problem,
         chunk_tokens=r.chunk_tokens,
         answer_tokens=answer or r.max_response_tokens,
-        full_group_ratio=(r.full_group_size or r.group_size) / r.group_size,
+        full_group_ratio=cfg.full_group_samples / r.group_size,
     )
     # with max_response_tokens for the answer length the figure is an upper bound of the bound
     return {"chunk_saving_bound": round(bound, 4), "answer_tokens": answer or f"<= {r.max_response_tokens}"}

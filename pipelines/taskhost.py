@@ -310,8 +310,8 @@ def _work(conn: socket.socket, request: dict, fds: list[int], models, threads: i
 def _worker_line(request: dict, seconds: float, imported: set[str]) -> str:
     """The host log's line for a worker that has replied: its wall and CPU seconds (its own and its
     launched processes') and the modules it imported that the host had not, by package."""
-    self, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = self.ru_utime + self.ru_stime + children.ru_utime + children.ru_stime  # a forked process starts at 0
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime  # a forked process starts at 0
     label = request["target"] + (f" ({request['kwargs']['stage']})" if "stage" in request["kwargs"] else "")
     packages = collections.Counter(name.split(".")[0] for name in imported)
     named = ", ".join(f"{p} ({n})" for p, n in sorted(packages.items(), key=lambda item: (-item[1], item[0])))

@@ -570,11 +570,16 @@ class AC2Config(Section):
         """Whether ``iteration`` may roll problems out in chunk mode (AC2 past its critic's warm-up)."""
         return self.uses_critic and iteration > self.critic.warmup_iterations
 
+    @property
+    def full_group_samples(self) -> int:
+        """Samples of a full-mode group once chunk mode is on: ``rollout.full_group_size`` for AC2
+        when set, else ``group_size`` (GRPO ignores the field)."""
+        r = self.rollout
+        return r.full_group_size if self.uses_critic and r.full_group_size is not None else r.group_size
+
     def samples_per_group(self, iteration: int, mode: str) -> int:
         """How many times ``generate_chunks`` continues a prefix of ``mode`` (full | chunk) at ``iteration``."""
-        if mode == "full" and self.rollout.full_group_size is not None and self.chunking_on(iteration):
-            return self.rollout.full_group_size
-        return self.rollout.group_size
+        return self.full_group_samples if mode == "full" and self.chunking_on(iteration) else self.rollout.group_size
 
     def config_hash(self) -> str:
         """sha256 of the canonical JSON form: identical configs hash identically."""

@@ -59,5 +59,5 @@ def full_rollout_tokens(full_groups: list[list[int]], chunk_problems: int, group
     """
     lengths = [n for group in full_groups for n in group]
     mean = sum(lengths) / len(lengths) if lengths else 0.0
-    full = sum(sum(g) if len(g) == group_size else sum(g) * group_size / len(g) for g in full_groups if g)
+    full = sum(sum(g) * group_size / len(g) for g in full_groups if g)  # exactly sum(g) for a group of G
     return float(full) + chunk_problems * group_size * mean

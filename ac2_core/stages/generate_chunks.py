@@ -94,7 +94,7 @@ def _continue(cfg: AC2Config, iteration: int, model, actor: str, rows: list[dict
     total = sum(ns)
     out: list = [None] * len(rows)
     done = 0
-    for n in sorted(set(ns), key=lambda n: n != cfg.rollout.group_size):
+    for n in sorted(set(ns)):  # each count its own call and seed stream: their order changes no sample
         idx = [i for i, m in enumerate(ns) if m == n]
         stream = STAGE if n == cfg.rollout.group_size else f"{STAGE}/n{n}"
 

@@ -102,6 +102,7 @@ def _one_iteration(cfg: AC2Config, run_root: Path, bootstrap_root: Path) -> dict
     actor = store.load(layout.output(1, "actor"), kind="actor").model  # from memory: the trained model itself
     critic = store.load(layout.output(1, "critic"), kind="critic").model
     seconds = stats.pop("seconds")
+    stats.pop("cpu_seconds")
     results = {stage: s.as_dict() for stage, s in stats.items()}
     gen = results["generate_chunks"]
     return {
