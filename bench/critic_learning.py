@@ -79,6 +79,10 @@ class Condition:
     answers: int | None = None  # fit the value on the first this many training answers (None: all)
     backbone: str = "actor"  # actor: the warm-started actor's; bootstrap: the bootstrap's critic (critic.read_steps)
     read_continues: int = 0  # the reading goes on from this condition's cached reading of this many steps (a fresh AdamW)
+    # > 0: the reading weights each answer token by its own next-token loss, capped at this many nats, so it dwells
+    # on the tokens it cannot yet predict (where a reference can tell what the problem alone does not) and less on
+    # the many it already can; the cap keeps unpredictable ones (a slip in the answer) from taking over
+    read_focus: float = 0.0
     note: str = ""
     overrides: dict = field(default_factory=dict)  # reserved for critic options of the library
 
@@ -138,9 +142,17 @@ CONDITIONS: dict[str, Condition] = {
 CONDITIONS["surprise_frozen_readslip500+500_dense"] = replace(
     CONDITIONS["surprise_frozen_readslip500_dense"], read_steps=1000, read_continues=500, note="reads 500 steps more"
 )
+CONDITIONS["surprise_frozen_readslip500focus2_dense"] = replace(
+    CONDITIONS["surprise_frozen_readslip500_dense"], read_focus=2.0, note="reads where it cannot yet predict"
+)
 CONDITIONS |= {
     f"{name}_noref": replace(CONDITIONS[name], use_reference=False, note="")
-    for name in ("surprise_readslip500_dense", "surprise_frozen_readslip500_dense", "surprise_frozen_readslip500+500_dense")
+    for name in (
+        "surprise_readslip500_dense",
+        "surprise_frozen_readslip500_dense",
+        "surprise_frozen_readslip500+500_dense",
+        "surprise_frozen_readslip500focus2_dense",
+    )
 }
 
 
@@ -337,6 +349,8 @@ def read_backbone(cfg, actor, tok, answers: list[Answer], cond: Condition, seed:
     key = f"read-{cond.read_on}-{cond.read_steps}-{cond.read_lr:g}-{'ref' if cond.use_reference else 'noref'}-{seed}"
     if cond.read_continues:  # not the reading of read_steps from the start
         key += f"-from{cond.read_continues}"
+    if cond.read_focus:
+        key += f"-focus{cond.read_focus:g}"
     if cfg.warm_start.misconception_rate:  # the reading pairs hold the misconception: another reading
         key += f"-misconception{cfg.warm_start.misconception_rate:g}"
     path = cache / key
@@ -391,7 +405,12 @@ def read_pretrain(cfg, model, tok, answers: list[Answer], cond: Condition, seed:
         for i, (x, head) in enumerate(batch):
             loss_mask[i, head : len(x)] = True
         logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
-        loss = F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")[loss_mask[:, 1:]].mean()
+        token_loss = F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")[loss_mask[:, 1:]]
+        if cond.read_focus:
+            weight = token_loss.detach().clamp(max=cond.read_focus)
+            loss = (weight * token_loss).sum() / weight.sum()
+        else:
+            loss = token_loss.mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -822,6 +841,8 @@ def describe(c: Condition) -> str:
         parts.append(f"reads {c.read_steps} steps on {c.read_on}")
     if c.read_continues:
         parts.append(f"(the last {c.read_steps - c.read_continues} after the cached {c.read_continues}, a fresh AdamW)")
+    if c.read_focus:
+        parts.append(f"each read token weighted by its own loss, capped at {c.read_focus:g} nats")
     if c.surprise:
         parts.append("reads its surprise (largest and mean next-token loss so far)")
     if not c.train_backbone:

@@ -109,6 +109,21 @@ VARIANTS: dict[str, dict] = {
     # ... or two optimizer steps an iteration on the same rows (PPO's clip bounds the second)
     "grpo_s2": {"algorithm": "grpo", "actor.steps_per_iteration": 2},
     "ac2_oracle_age8_s2": {**ORACLE, **UNCERTAIN, **AGE8, "actor.steps_per_iteration": 2},
+    # the step search goes on for GRPO: four steps, and half the problems an iteration with one and two
+    "grpo_s4": {"algorithm": "grpo", "actor.steps_per_iteration": 4},
+    "grpo_b32": {"algorithm": "grpo", "rollout.problems_per_iteration": 32},
+    "grpo_b32_s2": {"algorithm": "grpo", "rollout.problems_per_iteration": 32, "actor.steps_per_iteration": 2},
+    # the oracle's advantages scaled by their group's std (floor 0.1), as GRPO's rewards are and the learned arms' are
+    "ac2_oracle_floor_age8": {**ORACLE, **UNCERTAIN, **FLOOR, **AGE8},
+    # the oracle's least-decoding structure (revisit 0.97, no probes) with GRPO's better step
+    "ac2_oracle_age8_p0_r97_s2": {
+        **ORACLE,
+        **UNCERTAIN,
+        **AGE8,
+        "rollout.probe_fraction": 0.0,
+        **R97,
+        "actor.steps_per_iteration": 2,
+    },
     # chunk-mode prefixes cut from successful answers (none start past a fatal slip), gate off
     "ac2_no_gate_success": {"readiness.gate": False, "rollout.prefix_source": "success"},
     # ... and chunk advantages divided by their group's std, as GRPO divides its rewards'
