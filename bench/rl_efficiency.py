@@ -113,6 +113,8 @@ VARIANTS: dict[str, dict] = {
     "grpo_s4": {"algorithm": "grpo", "actor.steps_per_iteration": 4},
     "grpo_b32": {"algorithm": "grpo", "rollout.problems_per_iteration": 32},
     "grpo_b32_s2": {"algorithm": "grpo", "rollout.problems_per_iteration": 32, "actor.steps_per_iteration": 2},
+    # the learned critic's arm with GRPO's better step
+    "ac2_floor_age8_s2": {**UNCERTAIN, **FLOOR, **AGE8, "actor.steps_per_iteration": 2},
     # the oracle's advantages scaled by their group's std (floor 0.1), as GRPO's rewards are and the learned arms' are
     "ac2_oracle_floor_age8": {**ORACLE, **UNCERTAIN, **FLOOR, **AGE8},
     # the oracle's least-decoding structure (revisit 0.97, no probes) with GRPO's better step
@@ -319,11 +321,12 @@ def first_reaching(points: list[dict], target: float) -> dict | None:
     return next((p for p in points if p["ma"] >= target - 1e-9), None)
 
 
-def headline(runs: dict, window: int) -> tuple[dict, dict]:
-    """Per seed: GRPO's peak and where it is reached; per (variant, seed): the ratios."""
+def headline(runs: dict, window: int, reference: str = "grpo") -> tuple[dict, dict]:
+    """Per seed: the peak of the ``reference`` GRPO (GRPO at its best setting) and where it is
+    reached; per (variant, seed): the ratios."""
     peaks, ratios = {}, {}
     for (variant, seed), recs in runs.items():
-        if variant == "grpo":
+        if variant == reference:
             pts = curve(recs, window)
             if pts:
                 best = max(p["ma"] for p in pts)
@@ -529,7 +532,7 @@ def _fmt(x: float | None, spec: str) -> str:
 
 
 def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
-    peaks, ratios = headline(runs, args.smooth)
+    peaks, ratios = headline(runs, args.smooth, args.reference)
     standard_errors = [
         eval_standard_error(r["val_score"], args.val_answers)
         for recs in runs.values()
@@ -563,7 +566,8 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
         "",
         "## Headline: GRPO's decode FLOPs / the run's, at the first iteration each reaches GRPO's peak",
         "",
-        "Median over seeds [min–max]. A run that never reaches the peak counts with the bound its whole"
+        f"GRPO here is **{args.reference}** ({json.dumps(VARIANTS[args.reference])}): the GRPO the ratios are"
+        " measured against. Median over seeds [min–max]. A run that never reaches the peak counts with the bound its whole"
         " run gives (marked ≤); > 1 means fewer decode FLOPs than GRPO. Wall and CPU time count every"
         " stage but `evaluate`, critic scoring and training included. Wall-time ratios compare runs of"
         " one invocation (the same load); a variant run in a later invocation is compared with GRPO's"
@@ -638,7 +642,7 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     diag = {key: diagnose(Path(args.out) / f"seed{key[1]}" / key[0]) for key in runs}
-    grpo_tokens = {s: runs[v, s][-1]["cum_decode_tokens"] / runs[v, s][-1]["iteration"] for v, s in runs if v == "grpo"}
+    grpo_tokens = {s: runs[v, s][-1]["cum_decode_tokens"] / runs[v, s][-1]["iteration"] for v, s in runs if v == args.reference}
 
     def med(v: str, field: str, spec: str) -> str:
         values = [diag[v, s].get(field) for s in seeds if (v, s) in diag and diag[v, s].get(field) is not None]
@@ -743,6 +747,8 @@ def write_results(args: argparse.Namespace, elapsed: float | None) -> None:
         runs = {k: v for k, v in runs.items() if k[0] in args.variants and k[1] in args.seeds}
     if not runs:
         raise SystemExit(f"no records under {args.out}: run the benchmark first")
+    if not any(v == args.reference for v, _ in runs):
+        raise SystemExit(f"--reference {args.reference}: no runs of it under {args.out} (among the reported variants)")
     kept = ""
     results = Path(args.results)
     if results.exists() and MARKER in results.read_text():
@@ -783,6 +789,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default=str(ROOT / "bench" / "runs" / "rl_efficiency"))
     p.add_argument("--results", default=str(RESULTS))
     p.add_argument("--report-only", action="store_true")
+    p.add_argument(
+        "--reference",
+        default="grpo",
+        choices=[v for v, keys in VARIANTS.items() if keys.get("algorithm") == "grpo"],
+        help="the GRPO variant whose peak the ratios are measured at: GRPO at its best setting (it must be among the runs)",
+    )
     args = p.parse_args(argv)
     args.only = args.report_only and args.variants is not None
     args.variants = args.variants or MAIN
