@@ -109,10 +109,9 @@ VARIANTS: dict[str, dict] = {
     # ... or two optimizer steps an iteration on the same rows (PPO's clip bounds the second)
     "grpo_s2": {"algorithm": "grpo", "actor.steps_per_iteration": 2},
     "ac2_oracle_age8_s2": {**ORACLE, **UNCERTAIN, **AGE8, "actor.steps_per_iteration": 2},
-    # the step search goes on for GRPO: four steps, and half the problems an iteration with one and two
+    # the step search goes on for GRPO: four steps, and half the problems an iteration
     "grpo_s4": {"algorithm": "grpo", "actor.steps_per_iteration": 4},
     "grpo_b32": {"algorithm": "grpo", "rollout.problems_per_iteration": 32},
-    "grpo_b32_s2": {"algorithm": "grpo", "rollout.problems_per_iteration": 32, "actor.steps_per_iteration": 2},
     # the learned critic's arm with GRPO's better step
     "ac2_floor_age8_s2": {**UNCERTAIN, **FLOOR, **AGE8, "actor.steps_per_iteration": 2},
     # the oracle's advantages scaled by their group's std (floor 0.1), as GRPO's rewards are and the learned arms' are
