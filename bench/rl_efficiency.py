@@ -16,7 +16,8 @@ one thread each.
 Headline: GRPO's peak of the moving average of the validation score (per seed); for each
 run, the first iteration where its moving average reaches that peak; the ratio of
 GRPO's cumulative decode FLOPs there to the run's. The same ratio in wall time counts
-every stage but ``evaluate`` (critic scoring and training included).
+every stage but ``evaluate`` (critic scoring and training included). GRPO is the variant
+``--reference`` names (default ``grpo``): GRPO at its best setting of the search.
 
 Runs are resumable: the per-iteration records live under --out, and a variant run
 later (an ablation) is compared with the GRPO runs already there. The tables and the
