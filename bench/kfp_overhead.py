@@ -175,9 +175,9 @@ def inprocess_iteration(cfg, boot: dict, folder: Path) -> dict:
         Path(layout.bootstrap(name)).parent.mkdir(parents=True, exist_ok=True)
         subprocess.run(["cp", "-r", uri, layout.bootstrap(name)], check=True)
     t0, c0 = time.perf_counter(), time.process_time()
-    results = inprocess.run_iteration(cfg, layout, 1, ModelStore(cfg, keep_in_memory=True))
+    done = inprocess.run_iteration(cfg, layout, 1, ModelStore(cfg, keep_in_memory=True))
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    return {"stage": results["seconds"], "stage_cpu": results["cpu_seconds"], "wall": wall, "cpu": cpu, "layout": layout}
+    return {"stage": done.seconds, "stage_cpu": done.cpu_seconds, "wall": wall, "cpu": cpu, "layout": layout}
 
 
 def main() -> None:

@@ -56,6 +56,8 @@ FLOOR = {"advantage.scale_std": True, "advantage.std_floor": 0.1}
 AGE8 = {"rollout.prefix_max_age": 8}  # chunk-mode states cut from whole answers at most 8 iterations old
 FULL2 = {"rollout.full_group_size": 2}  # full-mode groups of 2 answers once chunk mode is on (G stays 4)
 R97 = {"rollout.revisit_fraction": 0.97}  # 97% of the problems from replay: a smaller pool, revisited more often
+P0 = {"rollout.probe_fraction": 0.0}  # no probes: with the gate off a probe is only a full group
+S2 = {"actor.steps_per_iteration": 2}  # two optimizer steps an iteration on the same rows (GRPO's best of the search)
 VARIANTS: dict[str, dict] = {
     "ac2": {},
     "ac2_oracle": ORACLE,
@@ -84,16 +86,16 @@ VARIANTS: dict[str, dict] = {
     "ac2_oracle_age16": {**ORACLE, **UNCERTAIN, "rollout.prefix_max_age": 16},
     "ac2_oracle_age8_c8": {**ORACLE, **UNCERTAIN, **AGE8, "rollout.chunk_tokens": 8},
     # with the gate off probes only add full groups; freshness comes from the age limit
-    "ac2_oracle_age8_p0": {**ORACLE, **UNCERTAIN, **AGE8, "rollout.probe_fraction": 0.0},
-    "ac2_floor_age8_p0": {**UNCERTAIN, **FLOOR, **AGE8, "rollout.probe_fraction": 0.0},
+    "ac2_oracle_age8_p0": {**ORACLE, **UNCERTAIN, **AGE8, **P0},
+    "ac2_floor_age8_p0": {**UNCERTAIN, **FLOOR, **AGE8, **P0},
     # a fresh state for half a full group's decoding (research log section 11), and GRPO searched alike
     "ac2_oracle_age8_f2": {**ORACLE, **UNCERTAIN, **AGE8, **FULL2},
     "ac2_floor_age8_f2": {**UNCERTAIN, **FLOOR, **AGE8, **FULL2},
     "grpo_g2": {"algorithm": "grpo", "rollout.group_size": 2},
     # revisited more often, so a fresh answer serves more chunk-mode visits before it ages out; GRPO draws alike
     "grpo_r97": {"algorithm": "grpo", **R97},
-    "ac2_oracle_age8_p0_r97": {**ORACLE, **UNCERTAIN, **AGE8, "rollout.probe_fraction": 0.0, **R97},
-    "ac2_floor_age8_p0_r97": {**UNCERTAIN, **FLOOR, **AGE8, "rollout.probe_fraction": 0.0, **R97},
+    "ac2_oracle_age8_p0_r97": {**ORACLE, **UNCERTAIN, **AGE8, **P0, **R97},
+    "ac2_floor_age8_p0_r97": {**UNCERTAIN, **FLOOR, **AGE8, **P0, **R97},
     # two chunk-mode prefixes a problem (the fresh answer's two least likely tokens): more of the cheap chunk groups
     "ac2_oracle_age8_k2": {**ORACLE, **UNCERTAIN, **AGE8, "rollout.prefixes_per_problem": 2},
     # ... with whole answers kept in the replay ahead of the continuations that pushed them out
@@ -108,24 +110,17 @@ VARIANTS: dict[str, dict] = {
     "grpo_lr5": {"algorithm": "grpo", "actor.lr": 5e-5},
     "ac2_oracle_age8_lr5": {**ORACLE, **UNCERTAIN, **AGE8, "actor.lr": 5e-5},
     # ... or two optimizer steps an iteration on the same rows (PPO's clip bounds the second)
-    "grpo_s2": {"algorithm": "grpo", "actor.steps_per_iteration": 2},
-    "ac2_oracle_age8_s2": {**ORACLE, **UNCERTAIN, **AGE8, "actor.steps_per_iteration": 2},
+    "grpo_s2": {"algorithm": "grpo", **S2},
+    "ac2_oracle_age8_s2": {**ORACLE, **UNCERTAIN, **AGE8, **S2},
     # the step search goes on for GRPO: four steps, and half the problems an iteration
     "grpo_s4": {"algorithm": "grpo", "actor.steps_per_iteration": 4},
     "grpo_b32": {"algorithm": "grpo", "rollout.problems_per_iteration": 32},
     # the learned critic's arm with GRPO's better step
-    "ac2_floor_age8_s2": {**UNCERTAIN, **FLOOR, **AGE8, "actor.steps_per_iteration": 2},
+    "ac2_floor_age8_s2": {**UNCERTAIN, **FLOOR, **AGE8, **S2},
     # the oracle's advantages scaled by their group's std (floor 0.1), as GRPO's rewards are and the learned arms' are
     "ac2_oracle_floor_age8": {**ORACLE, **UNCERTAIN, **FLOOR, **AGE8},
     # the oracle's least-decoding structure (revisit 0.97, no probes) with GRPO's better step
-    "ac2_oracle_age8_p0_r97_s2": {
-        **ORACLE,
-        **UNCERTAIN,
-        **AGE8,
-        "rollout.probe_fraction": 0.0,
-        **R97,
-        "actor.steps_per_iteration": 2,
-    },
+    "ac2_oracle_age8_p0_r97_s2": {**ORACLE, **UNCERTAIN, **AGE8, **P0, **R97, **S2},
     # chunk-mode prefixes cut from successful answers (none start past a fatal slip), gate off
     "ac2_no_gate_success": {"readiness.gate": False, "rollout.prefix_source": "success"},
     # ... and chunk advantages divided by their group's std, as GRPO divides its rewards'
@@ -202,10 +197,10 @@ def run_seed(args: argparse.Namespace, seed: int) -> None:
             if it <= done or it > cfg.run.iterations:
                 continue
             wall0, cpu0 = time.perf_counter(), time.process_time()
-            results = inprocess.run_iteration(cfg, layout, it, store)
+            done = inprocess.run_iteration(cfg, layout, it, store)
             wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
             metrics = storage.read_rows(layout.output(it, "metrics"), kind="metrics")[-1]
-            rec = _record(v, seed, it, metrics, results["seconds"], wall, cpu)
+            rec = _record(v, seed, it, metrics, done.seconds, wall, cpu)
             with records.open("a") as f:
                 f.write(json.dumps(rec) + "\n")
             loop.prune(cfg, layout, it)

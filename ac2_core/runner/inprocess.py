@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 from ac2_core import storage
 from ac2_core.config import AC2Config
@@ -37,17 +38,25 @@ def run_bootstrap(cfg: AC2Config, layout: RunLayout, log: Log = print) -> StageS
     return call.run(cfg, log=log)
 
 
-def run_iteration(cfg: AC2Config, layout: RunLayout, it: int, store: ModelStore) -> dict:
-    """Every stage of iteration ``it``: their stats by stage name. ``seconds`` holds each stage's
-    wall time, ``cpu_seconds`` its process CPU time (user + system)."""
-    results, times, cpu = {}, {}, {}
+@dataclass(frozen=True)
+class IterationRun:
+    """What ``run_iteration`` did, each by stage name: the stage's stats, its wall seconds and its
+    process CPU seconds (user + system)."""
+
+    stats: dict[str, StageStats]
+    seconds: dict[str, float]
+    cpu_seconds: dict[str, float]
+
+
+def run_iteration(cfg: AC2Config, layout: RunLayout, it: int, store: ModelStore) -> IterationRun:
+    """Every stage of iteration ``it``, in order, with the models kept in ``store``."""
+    done = IterationRun({}, {}, {})
     named = named_inputs(cfg, it)
     for call in stage_calls(cfg, layout, it):
         t0, c0 = time.perf_counter(), time.process_time()
-        results[call.stage] = call.run(cfg, store=store, named=named[call.stage])
-        times[call.stage], cpu[call.stage] = time.perf_counter() - t0, time.process_time() - c0
-    results["seconds"], results["cpu_seconds"] = times, cpu
-    return results
+        done.stats[call.stage] = call.run(cfg, store=store, named=named[call.stage])
+        done.seconds[call.stage], done.cpu_seconds[call.stage] = time.perf_counter() - t0, time.process_time() - c0
+    return done
 
 
 class InProcess:
@@ -65,7 +74,7 @@ class InProcess:
     def iteration(self, cfg: AC2Config, layout: RunLayout, it: int) -> dict[str, float]:
         # update_actor and update_critic take last iteration's models out of the store, so
         # it holds only this iteration's checkpoints (and the reference policy, if any).
-        return run_iteration(cfg, layout, it, self.store)["seconds"]
+        return run_iteration(cfg, layout, it, self.store).seconds
 
 
 def run(cfg: AC2Config, out_dir: str, *, log: Log = print, **options) -> list[dict]:

@@ -98,12 +98,11 @@ def _one_iteration(cfg: AC2Config, run_root: Path, bootstrap_root: Path) -> dict
     store.load(layout.bootstrap("actor"), kind="actor")
     store.load(layout.bootstrap("critic"), kind="critic")
     _synchronize(store.device)
-    stats = inprocess.run_iteration(cfg, layout, 1, store)
+    done = inprocess.run_iteration(cfg, layout, 1, store)
     actor = store.load(layout.output(1, "actor"), kind="actor").model  # from memory: the trained model itself
     critic = store.load(layout.output(1, "critic"), kind="critic").model
-    seconds = stats.pop("seconds")
-    stats.pop("cpu_seconds")
-    results = {stage: s.as_dict() for stage, s in stats.items()}
+    seconds = done.seconds
+    results = {stage: s.as_dict() for stage, s in done.stats.items()}
     gen = results["generate_chunks"]
     return {
         "backend": cfg.training.backend + (f" (ZeRO-{cfg.training.zero_stage})" if cfg.training.backend == "deepspeed" else ""),
