@@ -1,7 +1,8 @@
 """The forward passes of the ``hf`` sampling loop: a prefill of the contexts, then one token a step.
 
-Two decoders give the rows still decoding the same logits bit for bit, so which one runs
-never changes a sample:
+Two decoders give the rows still decoding the same logits (bit for bit until a row of the
+batch stops; after that, on CPUs whose batched matmul rounds by the batch's size, to the
+last bit), so which one runs does not change the samples:
 
 - ``DynamicCacheDecoder`` calls the model's own forward with a ``DynamicCache``, for any
   causal LM. transformers grows that cache and the attention mask by concatenation on
@@ -14,8 +15,10 @@ never changes a sample:
   On CPU the keys and values are held repeated to the query heads, so no step copies the
   cache. The attention is eager attention's, op for op and on the same shapes (a step
   reads the buffers' first ``T`` columns as views), so the logits are the same bits. A
-  row that has stopped leaves the attention: its matmuls and softmax are its own, so the
-  other rows' bits do not change; the linear layers still see the whole batch.
+  row that has stopped leaves the attention, so the batched matmuls there run on fewer
+  rows; the linear layers still see the whole batch. Some BLAS builds (AMD EPYC with AVX2)
+  round a batch entry's sums by how many entries the call has, so from then on a row's
+  logits can differ from the forward's in the last bit.
 
 Both prefill through the model's forward, so the first token of a row is sampled from
 the same logits either way.
@@ -136,8 +139,9 @@ class StaticKVDecoder:
     def step(self, ids: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
         """Feed one token a row (ids: (B,) long; alive: (B,) bool): (B, V) logits.
 
-        The logits of the alive rows are the model's forward's, bit for bit. A row once not
-        alive never is again: it leaves the attention, and its logits, finite, mean nothing.
+        The logits of the alive rows are the model's forward's (to the last bit once a row
+        has stopped; see the module docstring). A row once not alive never is again: it
+        leaves the attention, and its logits, finite, mean nothing.
         """
         t = self.length
         if t >= self.capacity:

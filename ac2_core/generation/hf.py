@@ -2,7 +2,7 @@
 
 A small sampling loop over the model's forward with a KV cache (``decoders.py``: one
 allocated once per batch for Qwen3 models, transformers' ``DynamicCache`` for others, the
-same logits bit for bit), rather than ``model.generate``: it gives exact behaviour
+same logits, to the last bit), rather than ``model.generate``: it gives exact behaviour
 log-probs under the sampling temperature, a seeded ``torch.Generator`` per batch (no
 global RNG), and rows that stop at their own budget. Contexts are token ids and are never
 re-tokenized.
