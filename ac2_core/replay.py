@@ -112,6 +112,20 @@ def solved_recently(trajectories: Iterable[dict], *, groups: int, success_thresh
     return len(recent) == groups and all(r >= success_threshold for it in recent for r in by_iteration[it])
 
 
+def whole_answer_rate(trajectories: Iterable[dict]) -> float | None:
+    """A problem's success rate from scratch, as its replay knows it: the mean reward of its
+    graded whole answers (full-mode trajectories; a continuation's outcome belongs to the state
+    it was cut at), add-half smoothed, ``(sum + 0.5) / (n + 1)``, so that it is never 0 or 1.
+    None when the replay holds no graded whole answer.
+
+    The baseline of a full-mode answer under ``advantage.full_groups: replay_rate``. It depends
+    on the problem alone, not on the answer it is compared with, so the policy gradient stays
+    unbiased however stale it is; staleness only adds variance.
+    """
+    rewards = [t["reward"] for t in trajectories if t["source_trajectory_id"] is None and t["finished"] and t["reward"] is not None]
+    return (sum(rewards) + 0.5) / (len(rewards) + 1) if rewards else None
+
+
 @dataclass(frozen=True)
 class PlannedPrefix:
     problem_id: str

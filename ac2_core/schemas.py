@@ -12,7 +12,8 @@ import pyarrow as pa
 # 2: problems.metadata; ungraded chunks (grade_error, nullable targets, metrics counts)
 # 3: metrics.critic_auc and metrics.full_rollout_tokens
 # 4: metrics.algorithm, config_hash and the training statistics; the samples table
-SCHEMA_VERSION = 4
+# 5: prefixes.baseline_rate and scored_chunks.baseline_rate (a one-answer refresh's baseline)
+SCHEMA_VERSION = 5
 
 _tokens = pa.list_(pa.int32())
 
@@ -59,6 +60,9 @@ PREFIXES = pa.schema(
         pa.field("budget", pa.int32(), nullable=False),  # most tokens a continuation may add
         pa.field("ref_trajectory_id", pa.string()),  # reference solution for the critic, if any
         pa.field("cut_scan_tokens", pa.int32()),  # tokens the actor read to place an uncertain cut; null at a boundary
+        # a full-mode prefix trained against its problem's replayed success rate (advantage.full_groups:
+        # replay_rate): that rate; null for every other prefix
+        pa.field("baseline_rate", pa.float32()),
     ]
 )
 
@@ -85,6 +89,7 @@ SCORED_CHUNKS = pa.schema(
         pa.field("mode", pa.string(), nullable=False),
         pa.field("source_trajectory_id", pa.string()),
         pa.field("ref_trajectory_id", pa.string()),
+        pa.field("baseline_rate", pa.float32()),  # its prefix's baseline_rate
         pa.field("response_token_ids", _tokens, nullable=False),  # prefix + chunk: the trajectory so far
         pa.field("finished", pa.bool_(), nullable=False),
         pa.field("reward", pa.float32()),  # grader's reward, when finished

@@ -58,6 +58,9 @@ FULL2 = {"rollout.full_group_size": 2}  # full-mode groups of 2 answers once chu
 R97 = {"rollout.revisit_fraction": 0.97}  # 97% of the problems from replay: a smaller pool, revisited more often
 P0 = {"rollout.probe_fraction": 0.0}  # no probes: with the gate off a probe is only a full group
 S2 = {"actor.steps_per_iteration": 2}  # two optimizer steps an iteration on the same rows (GRPO's best of the search)
+# a revisited problem in full mode decodes one answer, measured against its replayed success rate (its whole
+# answers kept in the replay ahead of continuations, for that rate and for the prefixes)
+ONE = {"rollout.full_group_size": 1, "advantage.full_groups": "replay_rate", "replay.whole_answers_first": True}
 VARIANTS: dict[str, dict] = {
     "ac2": {},
     "ac2_oracle": ORACLE,
@@ -121,6 +124,10 @@ VARIANTS: dict[str, dict] = {
     "ac2_oracle_floor_age8": {**ORACLE, **UNCERTAIN, **FLOOR, **AGE8},
     # the oracle's least-decoding structure (revisit 0.97, no probes) with GRPO's better step
     "ac2_oracle_age8_p0_r97_s2": {**ORACLE, **UNCERTAIN, **AGE8, **P0, **R97, **S2},
+    # one-answer refreshes (research log section 13), for GRPO alike: every revisited problem one answer
+    "grpo_one_s2": {"algorithm": "grpo", **ONE, **S2},
+    "ac2_oracle_age8_one_s2": {**ORACLE, **UNCERTAIN, **AGE8, **ONE, **S2},
+    "ac2_floor_age8_one_s2": {**UNCERTAIN, **FLOOR, **AGE8, **ONE, **S2},
     # chunk-mode prefixes cut from successful answers (none start past a fatal slip), gate off
     "ac2_no_gate_success": {"readiness.gate": False, "rollout.prefix_source": "success"},
     # ... and chunk advantages divided by their group's std, as GRPO divides its rewards'

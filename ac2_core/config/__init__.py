@@ -235,9 +235,11 @@ class RolloutConfig(Section):
     )
     full_group_size: int | None = Field(
         None,
-        ge=2,
+        ge=1,
         description="AC2 once chunk mode is on (after critic.warmup_iterations): samples per full-mode group, fewer "
-        "than group_size to refresh a problem's states for less decoding; unset: group_size. GRPO ignores it",
+        "than group_size to refresh a problem's states for less decoding; unset: group_size. GRPO ignores it, unless "
+        "advantage.full_groups is replay_rate: then it applies to both algorithms, only to problems with a graded "
+        "whole answer in their replay (and 1 needs it)",
     )
     probe_fraction: float = Field(0.25, ge=0, le=1, description="share of ready problems kept in full mode as readiness probes")
     revisit_fraction: float = Field(
@@ -304,11 +306,14 @@ class AdvantageConfig(Section):
         0.0, ge=0, description="with scale_std, divide by at least this (a group of near-equal critic targets stays small)"
     )
     grpo_scale_std: bool = Field(True, description="GRPO: divide by the group's reward std")
-    full_groups: Literal["grpo", "chunk"] = Field(
+    full_groups: Literal["grpo", "chunk", "replay_rate"] = Field(
         "grpo",
         description="AC2's full-mode groups: grpo gives them GRPO's advantage (group-mean baseline, std-scaled when "
         "grpo_scale_std), so a problem outside chunk mode trains exactly as under GRPO; chunk gives them the chunk "
-        "advantage (baseline, scale_std)",
+        "advantage (baseline, scale_std); replay_rate, past critic.warmup_iterations and for GRPO alike, measures a "
+        "revisited problem's answers against its success rate b over the graded whole answers of its replay "
+        "(A = R - b, divided by sqrt(b(1-b)) when grpo_scale_std), so a group of one answer has a signal, and gives "
+        "GRPO's to a problem without any",
     )
 
     @model_validator(mode="after")
@@ -558,6 +563,15 @@ class AC2Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _one_answer_needs_a_baseline(self) -> AC2Config:
+        if self.rollout.full_group_size == 1 and self.advantage.full_groups != "replay_rate":
+            raise ValueError(
+                "rollout.full_group_size 1 leaves a full-mode answer no group to be measured against; set"
+                f" advantage.full_groups replay_rate (found {self.advantage.full_groups})"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _parallelism_fits_the_cluster(self) -> AC2Config:
         check_gpu_fit(self)
         return self
@@ -572,14 +586,31 @@ class AC2Config(Section):
 
     @property
     def full_group_samples(self) -> int:
-        """Samples of a full-mode group once chunk mode is on: ``rollout.full_group_size`` for AC2
-        when set, else ``group_size`` (GRPO ignores the field)."""
+        """Samples of a smaller full-mode group: ``rollout.full_group_size`` when set, else
+        ``group_size``. GRPO ignores the field unless its answers are measured against the
+        replay rate (``advantage.full_groups: replay_rate``), as AC2's may be."""
         r = self.rollout
-        return r.full_group_size if self.uses_critic and r.full_group_size is not None else r.group_size
+        honoured = self.uses_critic or self.advantage.full_groups == "replay_rate"
+        return r.full_group_size if honoured and r.full_group_size is not None else r.group_size
 
-    def samples_per_group(self, iteration: int, mode: str) -> int:
-        """How many times ``generate_chunks`` continues a prefix of ``mode`` (full | chunk) at ``iteration``."""
-        return self.full_group_samples if mode == "full" and self.chunking_on(iteration) else self.rollout.group_size
+    def replay_rate_on(self, iteration: int) -> bool:
+        """Whether a revisited problem's full-mode answers at ``iteration`` are measured against
+        its replayed success rate (``advantage.full_groups: replay_rate``): past the critic's
+        warm-up, for GRPO alike, so that the two algorithms then differ only in chunk mode."""
+        return self.advantage.full_groups == "replay_rate" and iteration > self.critic.warmup_iterations
+
+    def samples_per_group(self, iteration: int, mode: str, *, baseline_rate: float | None = None) -> int:
+        """How many times ``generate_chunks`` continues a prefix of ``mode`` (full | chunk) at ``iteration``.
+
+        Under the replay-rate baseline the smaller full group is only for a prefix that has one
+        (``baseline_rate``, its prefixes row's): a problem without a graded whole answer is
+        measured within its group, so it keeps ``group_size``. Otherwise AC2's full groups are
+        smaller once chunk mode is on."""
+        if self.advantage.full_groups == "replay_rate":
+            smaller = mode == "full" and self.replay_rate_on(iteration) and baseline_rate is not None
+        else:
+            smaller = mode == "full" and self.chunking_on(iteration)
+        return self.full_group_samples if smaller else self.rollout.group_size
 
     def config_hash(self) -> str:
         """sha256 of the canonical JSON form: identical configs hash identically."""

@@ -1,6 +1,6 @@
 """Pure math of AC2: advantages, losses, readiness and compute accounting."""
 
-from ac2_core.math.advantages import gate_weights, group_advantages, grpo_advantages
+from ac2_core.math.advantages import gate_weights, group_advantages, grpo_advantages, replay_rate_advantages
 from ac2_core.math.flops import (
     attention_width,
     count_non_embedding_params,
@@ -34,5 +34,6 @@ __all__ = [
     "ppo_clip_loss",
     "prefill_flops",
     "readiness_error",
+    "replay_rate_advantages",
     "train_flops",
 ]

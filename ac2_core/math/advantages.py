@@ -115,6 +115,30 @@ def grpo_advantages(
     return group_advantages(rewards, group_ids, baseline="mean", scale_std=scale_std, eps=eps)
 
 
+def replay_rate_advantages(rewards: torch.Tensor, rates: torch.Tensor, *, scale_std: bool = True) -> torch.Tensor:
+    """Each answer against its problem's success rate ``b`` as known before it was sampled:
+    ``A = R - b``, divided by ``sqrt(b (1 - b))`` with ``scale_std`` (the std a group's rewards
+    would have at that rate, as GRPO divides by its group's).
+
+    Args:
+        rewards: (B,) float. Terminal reward of each whole answer.
+        rates: (B,) float in (0, 1). The baseline of each answer's problem (smoothed, so never
+            0 or 1: the scale stays finite).
+        scale_std: divide by ``sqrt(b (1 - b))``.
+
+    Returns:
+        advantages: (B,) float.
+    """
+    if rewards.shape != rates.shape or rewards.dim() != 1:
+        raise ValueError(f"rewards and rates must both be (B,); got {tuple(rewards.shape)} and {tuple(rates.shape)}")
+    advantages = rewards - rates
+    if scale_std:
+        if bool(((rates <= 0) | (rates >= 1)).any()):
+            raise ValueError("rates must lie strictly between 0 and 1 to scale by sqrt(b (1 - b))")
+        advantages = advantages / (rates * (1 - rates)).sqrt()
+    return advantages
+
+
 def gate_weights(target_from_critic: torch.Tensor, problem_ready: torch.Tensor) -> torch.Tensor:
     """Loss weight of each row: 0 for critic targets on problems that are not ready.
 

@@ -16,6 +16,7 @@ def chunk_saving_bound(
     chunk_tokens: int,
     answer_tokens: float,
     full_group_ratio: float = 1.0,
+    smaller_for_revisits_only: bool = False,
 ) -> float:
     """The most decoding chunk mode can save in one iteration, as a share of full rollouts of the same problems.
 
@@ -31,6 +32,8 @@ def chunk_saving_bound(
         answer_tokens: mean length of a full answer, > 0.
         full_group_ratio: samples of a full-mode group over G (``rollout.full_group_size / group_size``);
             below 1 the problems left in full mode save ``1 - full_group_ratio`` too.
+        smaller_for_revisits_only: the smaller full group is only for revisited problems (a
+            replay-rate baseline needs a problem's earlier answers); new ones decode ``G``.
 
     Returns:
         A share in [0, 1).
@@ -41,7 +44,8 @@ def chunk_saving_bound(
         raise ValueError(f"full_group_ratio must be in (0, 1]; got {full_group_ratio}")
     per_problem = max(0.0, 1.0 - prefixes_per_problem * chunk_tokens / answer_tokens)
     chunk_share = revisit_fraction * (1.0 - probe_fraction)
-    return chunk_share * per_problem + (1.0 - chunk_share) * (1.0 - full_group_ratio)
+    smaller_share = revisit_fraction * probe_fraction if smaller_for_revisits_only else 1.0 - chunk_share
+    return chunk_share * per_problem + smaller_share * (1.0 - full_group_ratio)
 
 
 def full_rollout_tokens(full_groups: list[list[int]], chunk_problems: int, group_size: int) -> float:

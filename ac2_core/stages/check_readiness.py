@@ -6,10 +6,13 @@ it is ready when the window is large and calibrated enough. Advantages are
 ``A(c) = y(c) - b`` per group (one prefix, G chunks), and on a problem that is not ready
 now, chunks whose target came from the critic get weight 0. A full-mode group (G whole
 answers) gets GRPO's advantage by default (``advantage.full_groups``): the same answers
-must teach the same thing under either algorithm.
+must teach the same thing under either algorithm. Under ``replay_rate`` a revisited
+problem's full-mode answers (one may be all it has) are measured against its replayed
+success rate instead (``math.replay_rate_advantages``).
 
 GRPO: group-normalized terminal rewards (``math.grpo_advantages``), weight 1, and an
-empty readiness table.
+empty readiness table; under ``replay_rate`` its revisited problems' answers are measured
+against their replayed success rate as AC2's are.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ac2_core.config import AC2Config
-from ac2_core.math import gate_weights, group_advantages, grpo_advantages, is_ready
+from ac2_core.math import gate_weights, group_advantages, grpo_advantages, is_ready, replay_rate_advantages
 from ac2_core.stages.common import StageStats, read, write
 
 STAGE = "check_readiness"
@@ -90,13 +93,18 @@ def _graded_advantages(cfg: AC2Config, scored: list[dict], ready: set[str]) -> l
             scale_std=cfg.advantage.scale_std,
             std_floor=cfg.advantage.std_floor,
         )
-        if cfg.advantage.full_groups == "grpo":
+        if cfg.advantage.full_groups in ("grpo", "replay_rate"):
             full = torch.tensor([s["mode"] == "full" for s in scored])
             grpo_adv, grpo_base = grpo_advantages(targets, groups, scale_std=cfg.advantage.grpo_scale_std)
             adv, base = torch.where(full, grpo_adv, adv), torch.where(full, grpo_base, base)
     else:
         weights = torch.ones_like(targets)
         adv, base = grpo_advantages(targets, groups, scale_std=cfg.advantage.grpo_scale_std)
+    if cfg.advantage.full_groups == "replay_rate":  # either algorithm: the rows whose prefix carries a rate
+        has_rate = torch.tensor([s["baseline_rate"] is not None for s in scored])
+        rate = torch.tensor([s["baseline_rate"] if s["baseline_rate"] is not None else 0.5 for s in scored])
+        rate_adv = replay_rate_advantages(targets, rate, scale_std=cfg.advantage.grpo_scale_std)
+        adv, base = torch.where(has_rate, rate_adv, adv), torch.where(has_rate, rate, base)
     return [
         {
             "run_id": s["run_id"],

@@ -90,7 +90,7 @@ def _continue(cfg: AC2Config, iteration: int, model, actor: str, rows: list[dict
     """Each row's samples, in row order. Rows are decoded in one call per sample count; the
     rows continued ``group_size`` times draw the stage's seed, so a run without
     ``full_group_size`` samples exactly what it always did."""
-    ns = [cfg.samples_per_group(iteration, r["mode"]) for r in rows]
+    ns = [cfg.samples_per_group(iteration, r["mode"], baseline_rate=r["baseline_rate"]) for r in rows]
     total = sum(ns)
     out: list = [None] * len(rows)
     done = 0

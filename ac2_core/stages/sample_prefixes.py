@@ -11,7 +11,15 @@ import numpy as np
 from ac2_core.config import AC2Config
 from ac2_core.models.state import read_version
 from ac2_core.models.store import ModelStore
-from ac2_core.replay import choose_reference, least_likely_cuts, merge_replay, pick_problems, plan_prefixes, solved_recently
+from ac2_core.replay import (
+    choose_reference,
+    least_likely_cuts,
+    merge_replay,
+    pick_problems,
+    plan_prefixes,
+    solved_recently,
+    whole_answer_rate,
+)
 from ac2_core.stages.common import Problems, StageStats, prompt_ids, read, rng_for, write
 
 STAGE = "sample_prefixes"
@@ -183,6 +191,8 @@ def _plans(cfg: AC2Config, iteration: int, pid: str, trajectories: list[dict], r
         success_threshold=cfg.replay.success_threshold if cfg.rollout.prefix_source == "success" else None,
         since_iteration=None if cfg.rollout.prefix_max_age is None else iteration - cfg.rollout.prefix_max_age,
     )
+    # a revisited problem's full-mode answers measured against its replayed success rate (one answer may do)
+    rate = whole_answer_rate(trajectories) if cfg.replay_rate_on(iteration) else None
     for k, plan in enumerate(plans):
         ref = None
         if cfg.uses_critic and cfg.critic.use_reference:
@@ -197,4 +207,5 @@ def _plans(cfg: AC2Config, iteration: int, pid: str, trajectories: list[dict], r
             "prefix_token_ids": plan.prefix_token_ids,
             "budget": plan.budget,
             "ref_trajectory_id": ref,
+            "baseline_rate": rate if plan.mode == "full" else None,
         }

@@ -142,6 +142,7 @@ def _scored_row(cfg: AC2Config, iteration: int, c: dict, p: dict, response: list
         "mode": p["mode"],
         "source_trajectory_id": p["source_trajectory_id"],
         "ref_trajectory_id": p["ref_trajectory_id"],
+        "baseline_rate": p["baseline_rate"],
         "response_token_ids": response,
         "finished": finished,
         "reward": reward,

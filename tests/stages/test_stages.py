@@ -301,6 +301,60 @@ def test_full_groups_of_ac2_train_as_under_grpo_by_default(full_groups):
     assert [rows[f"chunk-{i}"]["weight"] for i in range(4)] == [1.0] * 4
 
 
+def test_replay_rate_full_groups_measure_each_answer_against_its_problems_rate():
+    from ac2_core.stages.check_readiness import advantages
+
+    one = [{**r, "baseline_rate": 0.25} for r in _scored("one", "full", [1.0], "reward")]
+    new = [{**r, "baseline_rate": None} for r in _scored("new", "full", [1.0, 0.0, 0.0, 0.0], "reward")]
+    chunk = [{**r, "baseline_rate": None} for r in _scored("chunk", "chunk", [0.6, 0.0], "critic")]
+    cfg = tiny_config(algorithm="ac2", advantage__full_groups="replay_rate")
+    got = {r["chunk_id"]: r for r in advantages(cfg, one + new + chunk, ready={"chunk"})}
+    # one answer has a signal of its own: (1 - 1/4) / sqrt(1/4 * 3/4)
+    assert got["one-0"]["advantage"] == pytest.approx(math.sqrt(3), rel=1e-5) and got["one-0"]["baseline"] == 0.25
+    # a problem without a rate (a new one) is a group of G under GRPO's advantage; chunks keep theirs
+    assert got["new-0"]["advantage"] == pytest.approx(math.sqrt(3), rel=1e-5) and got["new-0"]["baseline"] == 0.25
+    assert [got[f"chunk-{i}"]["advantage"] for i in range(2)] == pytest.approx([0.6, -0.6])
+    unscaled = tiny_config(algorithm="ac2", advantage__full_groups="replay_rate", advantage__grpo_scale_std=False)
+    assert advantages(unscaled, one, ready=set())[0]["advantage"] == pytest.approx(0.75)
+
+
+@pytest.mark.parametrize("algorithm", ["ac2", "grpo"])
+def test_one_answer_refreshes_decode_once_for_a_revisited_problem_and_a_group_for_a_new_one(run_dir, algorithm):
+    # answers older than one iteration are no source of prefixes: a revisited problem is refreshed every other visit
+    one = dict(rollout__full_group_size=1, advantage__full_groups="replay_rate", rollout__prefix_max_age=1)
+    cfg = tiny_config(algorithm=algorithm, **one)
+    layout = RunLayout(str(run_dir))
+    seen: set[str] = set()
+    refreshed = 0
+    for it in (1, 2, 3):
+        run_stages(cfg, layout, it)
+        prefixes = {p["prefix_id"]: p for p in rows(layout, it, "prefixes")}
+        chunks = rows(layout, it, "chunks")
+        per_prefix = {pid: sum(c["prefix_id"] == pid for c in chunks) for pid in prefixes}
+        for pid, p in prefixes.items():
+            if p["mode"] == "chunk":
+                assert p["baseline_rate"] is None and per_prefix[pid] == 4
+            elif p["problem_id"] in seen:  # its whole answers are in the replay: one answer against their rate
+                assert 0 < p["baseline_rate"] < 1 and per_prefix[pid] == 1
+                refreshed += 1
+            else:
+                assert p["baseline_rate"] is None and per_prefix[pid] == 4
+        scored = {c["chunk_id"]: c for c in rows(layout, it, "scored_chunks")}
+        for a in rows(layout, it, "advantages"):
+            rate = prefixes[a["prefix_id"]]["baseline_rate"]
+            assert scored[a["chunk_id"]]["baseline_rate"] == rate
+            if rate is not None:
+                assert a["baseline"] == pytest.approx(rate)
+                assert a["advantage"] == pytest.approx((a["target"] - rate) / math.sqrt(rate * (1 - rate)), rel=1e-5)
+        # the bill: a one-answer refresh stands for the G answers full rollouts would decode
+        metrics = storage.read_rows(layout.output(it, "metrics"), kind="metrics")[-1]
+        ones = [c for c in chunks if prefixes[c["prefix_id"]]["baseline_rate"] is not None]
+        if ones and all(c["token_ids"] for c in ones):
+            assert metrics["full_rollout_tokens"] > metrics["decode_tokens"]
+        seen |= {p["problem_id"] for p in prefixes.values()}
+    assert refreshed > 0
+
+
 def test_row_aggregation_changes_the_actor_update(run_dir, tiny_cfg, tmp_path):
     layout = RunLayout(str(run_dir))
     run_stages(tiny_cfg, layout, 1)

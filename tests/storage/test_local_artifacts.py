@@ -282,6 +282,7 @@ def test_reading_an_artifact_as_another_kind_is_refused(tmp_path):
             "budget": 80,
             "ref_trajectory_id": None,
             "cut_scan_tokens": None,
+            "baseline_rate": None,
         }
     ]
     write_table(uri, table_from_rows(rows, "prefixes"), kind="prefixes", stage="sample_prefixes", config_hash=CFG_HASH)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from ac2_core.math.advantages import gate_weights, group_advantages, grpo_advantages
+from ac2_core.math.advantages import gate_weights, group_advantages, grpo_advantages, replay_rate_advantages
 
 
 def t(*values):
@@ -110,6 +110,19 @@ def test_grpo_advantages_without_std_scaling():
     adv, _ = grpo_advantages(t(1, 0, 0, 0), ids(1, 1, 1, 1), scale_std=False)
     # mean 1/4 -> A = [0.75, -0.25, -0.25, -0.25]
     assert_close(adv, t(0.75, -0.25, -0.25, -0.25))
+
+
+def test_replay_rate_advantages_measure_one_answer_against_its_problems_rate():
+    rewards, rates = t(1, 0, 1), t(0.25, 0.25, 0.9)
+    assert_close(replay_rate_advantages(rewards, rates, scale_std=False), t(0.75, -0.25, 0.1))
+    # scaled by the std a group's rewards would have at that rate: at b = 1/4 a success is the
+    # sqrt(3) and a failure the -1/sqrt(3) that GRPO gives a [1, 0, 0, 0] group
+    r3 = math.sqrt(3)
+    assert_close(replay_rate_advantages(rewards, rates), t(r3, -1 / r3, 0.1 / 0.3))
+    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+        replay_rate_advantages(t(1), t(1.0))
+    with pytest.raises(ValueError, match=r"both be \(B,\)"):
+        replay_rate_advantages(t(1, 0), t(0.5))
 
 
 def test_gate_weights():

@@ -67,7 +67,7 @@ def test_unknown_key_names_the_dotted_field(data, field):
             {"rollout": {"group_size": 4, "full_group_size": 5}},
             ["rollout.full_group_size:", "full_group_size (5) must not exceed group_size (4)"],
         ),
-        ({"rollout": {"full_group_size": 1}}, ["rollout.full_group_size:", "greater than or equal to 2", "found 1"]),
+        ({"rollout": {"full_group_size": 0}}, ["rollout.full_group_size:", "greater than or equal to 1", "found 0"]),
         ({"readiness": {"min_pairs": 40, "window": 32}}, ["readiness.min_pairs:", "min_pairs (40) must not exceed window (32)"]),
         ({"model": {"source": "pretrained"}}, ["model.path:", "required when source is pretrained"]),
         (
@@ -220,6 +220,24 @@ def test_full_group_size_applies_to_full_groups_of_ac2_once_chunk_mode_is_on():
     assert {grpo.samples_per_group(it, "full") for it in (1, 4, 9)} == {4}  # GRPO ignores it
     unset = parse_config({"rollout": {"group_size": 4}, "critic": {"warmup_iterations": 0}})
     assert unset.samples_per_group(5, "full") == 4
+
+
+def test_one_answer_full_groups_need_the_replay_rate_baseline_and_only_problems_with_one_get_them():
+    with pytest.raises(ConfigError, match="full_group_size 1 leaves a full-mode answer no group.*replay_rate.*found grpo"):
+        parse_config({"rollout": {"group_size": 4, "full_group_size": 1}})
+    cfg = parse_config(
+        {"rollout": {"group_size": 4, "full_group_size": 1}, "advantage": {"full_groups": "replay_rate"}, "critic": {"warmup_iterations": 3}}
+    )
+    assert [cfg.replay_rate_on(it) for it in (1, 3, 4, 9)] == [False, False, True, True]
+    assert [cfg.samples_per_group(it, "full", baseline_rate=0.25) for it in (1, 3, 4, 9)] == [4, 4, 1, 1]
+    assert cfg.samples_per_group(9, "full") == 4  # no graded whole answer to be measured against: a group of G
+    assert cfg.samples_per_group(9, "chunk", baseline_rate=0.25) == 4
+    # GRPO measured alike decodes alike; without the replay rate it ignores full_group_size, as before
+    one = {"rollout": {"group_size": 4, "full_group_size": 1}, "critic": {"warmup_iterations": 3}}
+    grpo = parse_config({"algorithm": "grpo", **one, "advantage": {"full_groups": "replay_rate"}})
+    assert [grpo.samples_per_group(it, "full", baseline_rate=0.25) for it in (3, 4)] == [4, 1]
+    plain = parse_config({"algorithm": "grpo", "rollout": {"group_size": 4, "full_group_size": 2}})
+    assert not plain.replay_rate_on(9) and plain.samples_per_group(9, "full", baseline_rate=0.25) == 4
 
 
 def test_misconception_rate_unset_leaves_every_hash_and_dump_as_before():

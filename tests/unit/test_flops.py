@@ -107,6 +107,10 @@ def test_chunk_saving_bound():
     # full groups of 2 answers where G = 4: the 10% + 90% * 10% of problems left in full mode save half
     toy = dict(revisit_fraction=0.9, probe_fraction=0.1, prefixes_per_problem=1, chunk_tokens=16, answer_tokens=100)
     assert chunk_saving_bound(**toy, full_group_ratio=0.5) == pytest.approx(0.81 * 0.84 + 0.19 * 0.5)
+    # under a replay-rate baseline only the revisited probes decode the smaller group; new problems G
+    assert chunk_saving_bound(**toy, full_group_ratio=0.25, smaller_for_revisits_only=True) == pytest.approx(
+        0.81 * 0.84 + 0.09 * 0.75
+    )
     with pytest.raises(ValueError, match="full_group_ratio"):
         chunk_saving_bound(**toy, full_group_ratio=0)
 

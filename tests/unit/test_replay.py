@@ -16,6 +16,7 @@ from ac2_core.replay import (
     pick_problems,
     plan_prefixes,
     solved_recently,
+    whole_answer_rate,
 )
 
 
@@ -322,6 +323,18 @@ def test_solved_recently_counts_only_finished_full_groups():
     # the threshold decides what solved means
     assert not solved_recently(_group(4, [0.9]) + _group(5, [1.0]), groups=2, success_threshold=1.0)
     assert solved_recently(_group(4, [0.9]) + _group(5, [1.0]), groups=2, success_threshold=0.8)
+
+
+def test_whole_answer_rate_is_the_smoothed_success_of_graded_whole_answers_only():
+    assert whole_answer_rate([]) is None
+    assert whole_answer_rate(_group(4, [1.0, 0.0, 0.0])) == pytest.approx(1.5 / 4)
+    # never 0 or 1, so a scale of sqrt(b (1 - b)) stays finite
+    assert whole_answer_rate(_group(4, [1.0, 1.0])) == pytest.approx(2.5 / 3)
+    assert whole_answer_rate(_group(4, [0.0])) == pytest.approx(0.25)
+    # a continuation's outcome is its state's, and an unfinished or ungraded answer has none
+    mixed = _group(4, [0.0]) + _group(5, [1.0, 1.0], chunk=True) + _group(6, [None])
+    assert whole_answer_rate(mixed) == pytest.approx(0.25)
+    assert whole_answer_rate(_group(5, [1.0], chunk=True)) is None
 
 
 def test_plan_prefixes_from_successes_cuts_only_what_succeeded_when_anything_did():
