@@ -128,6 +128,8 @@ VARIANTS: dict[str, dict] = {
     "grpo_one_s2": {"algorithm": "grpo", **ONE, **S2},
     "ac2_oracle_age8_one_s2": {**ORACLE, **UNCERTAIN, **AGE8, **ONE, **S2},
     "ac2_floor_age8_one_s2": {**UNCERTAIN, **FLOOR, **AGE8, **ONE, **S2},
+    # ... with chunk-mode prefixes cut only from answers that succeeded (23% of its chunk groups started off the solution)
+    "ac2_oracle_age8_one_success_s2": {**ORACLE, **UNCERTAIN, **AGE8, **ONE, **S2, "rollout.prefix_source": "success"},
     # chunk-mode prefixes cut from successful answers (none start past a fatal slip), gate off
     "ac2_no_gate_success": {"readiness.gate": False, "rollout.prefix_source": "success"},
     # ... and chunk advantages divided by their group's std, as GRPO divides its rewards'
