@@ -181,16 +181,21 @@ def _iteration(cfg: AC2Config, arch: Architecture, shape: Shape) -> dict:
     R, L, Lp, G = _response(cfg, shape), r.chunk_tokens, shape.prompt_tokens, r.group_size
     Gf = cfg.full_group_samples
     full = round(r.problems_per_iteration * (1 - shape.ready_share))
+    # under a replay-rate baseline only a revisited problem has a rate to decode fewer answers against
+    new = 0
+    if cfg.advantage.full_groups == "replay_rate":
+        new = min(full, round(r.problems_per_iteration * (1 - r.revisit_fraction)))
+    answers = new * G + (full - new) * Gf  # whole answers decoded in full mode
     chunk_prefixes = (r.problems_per_iteration - full) * r.prefixes_per_problem
     prefix = R // 2 // L * L  # a chunk continues an answer from about its middle
     L_chunk = max(1, min(L, R - prefix))
     shape_kw = dict(n_params=arch.non_embedding, n_layers=arch.layers, d_attn=arch.d_attn)
-    decode = full * Gf * decode_flops(**shape_kw, start=Lp, n_tokens=R)
+    decode = answers * decode_flops(**shape_kw, start=Lp, n_tokens=R)
     decode += chunk_prefixes * G * decode_flops(**shape_kw, start=Lp + prefix, n_tokens=L_chunk)
     prefill = full * prefill_flops(**shape_kw, n_tokens=Lp) + chunk_prefixes * prefill_flops(**shape_kw, n_tokens=Lp + prefix)
-    samples = full * Gf + chunk_prefixes * G
-    decoded = full * Gf * R + chunk_prefixes * G * L_chunk
-    context_tokens = full * Gf * (Lp + R) + chunk_prefixes * G * (Lp + prefix + L_chunk)
+    samples = answers + chunk_prefixes * G
+    decoded = answers * R + chunk_prefixes * G * L_chunk
+    context_tokens = answers * (Lp + R) + chunk_prefixes * G * (Lp + prefix + L_chunk)
     tokens = {"samples": samples, "decode": decoded, "actor_train": context_tokens * cfg.actor.steps_per_iteration}
     flops = {"decode": decode, "prefill": prefill}
     flops["actor_train"] = train_flops(n_params=arch.non_embedding, n_tokens=tokens["actor_train"])
@@ -199,15 +204,15 @@ def _iteration(cfg: AC2Config, arch: Architecture, shape: Shape) -> dict:
         critic_len = lambda state: min(cfg.critic.max_input_tokens, Lp + ref + 1 + state)  # noqa: E731
         # full answers: a value at every chunk boundary (pairs) and at the start; chunks: start and end
         cuts = [c for c in range(0, R, L)]
-        inputs = [critic_len(c) for c in cuts] * (full * Gf)
+        inputs = [critic_len(c) for c in cuts] * answers
         inputs += [critic_len(prefix)] * chunk_prefixes + [critic_len(prefix + L_chunk)] * (chunk_prefixes * G)
         crit_kw = dict(n_params=arch.non_embedding, n_layers=arch.layers, d_attn=arch.d_attn)
         learned = cfg.critic.kind == "learned"  # the oracle (a diagnostic) runs no critic forwards and never trains
         flops["critic"] = sum(critic_flops(**crit_kw, n_tokens=n) for n in inputs) if learned else 0
         if cfg.critic.dense:  # one example per finished answer: the whole answer, fitted at every token
-            examples, mean_len = full * Gf, critic_len(R)
+            examples, mean_len = answers, critic_len(R)
         else:  # one example per chunk boundary of a finished answer
-            examples, mean_len = full * Gf * len(cuts), sum(critic_len(c) for c in cuts) / len(cuts)
+            examples, mean_len = answers * len(cuts), sum(critic_len(c) for c in cuts) / len(cuts)
         drawn = min(cfg.critic.batch_size, examples)
         tokens["critic_inputs"] = len(inputs) if learned else 0
         tokens["critic_input_tokens"] = sum(inputs) if learned else 0

@@ -108,6 +108,19 @@ def test_the_plan_counts_flops_with_the_metrics_accounting():
     assert half.tokens["decode"] < plan.tokens["decode"]  # chunks decode less than whole answers
 
 
+def test_the_plan_decodes_one_answer_refreshes_for_revisited_problems_only():
+    arch, shape = Architecture.of(tiny_config()), Shape(prompt_tokens=20)
+    one = dict(rollout__full_group_size=1, advantage__full_groups="replay_rate")
+    r = tiny_config().rollout
+    # every problem a revisit: each full-mode problem decodes one answer
+    revisits = make_plan(tiny_config(**one, rollout__revisit_fraction=1.0), gpus=1, arch=arch, shape=shape)
+    assert revisits.tokens["decode"] == r.problems_per_iteration * r.max_response_tokens
+    # half of them new: those have no rate yet and decode G
+    half = make_plan(tiny_config(**one, rollout__revisit_fraction=0.5), gpus=1, arch=arch, shape=shape)
+    new = r.problems_per_iteration // 2
+    assert half.tokens["decode"] == (new * r.group_size + new) * r.max_response_tokens
+
+
 def test_the_plan_counts_a_dense_critic_by_answers_and_an_oracle_as_free():
     arch = Architecture.of(tiny_config())
     r = tiny_config().rollout
