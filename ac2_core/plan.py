@@ -181,9 +181,8 @@ def _iteration(cfg: AC2Config, arch: Architecture, shape: Shape) -> dict:
     R, L, Lp, G = _response(cfg, shape), r.chunk_tokens, shape.prompt_tokens, r.group_size
     Gf = cfg.full_group_samples
     full = round(r.problems_per_iteration * (1 - shape.ready_share))
-    # under a replay-rate baseline only a revisited problem has a rate to decode fewer answers against
-    new = 0
-    if cfg.advantage.full_groups == "replay_rate":
+    new = 0  # full-mode problems that keep G: the new ones, when only revisits decode the smaller group
+    if cfg.smaller_groups_for_revisits_only:
         new = min(full, round(r.problems_per_iteration * (1 - r.revisit_fraction)))
     answers = new * G + (full - new) * Gf  # whole answers decoded in full mode
     chunk_prefixes = (r.problems_per_iteration - full) * r.prefixes_per_problem

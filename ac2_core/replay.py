@@ -40,6 +40,11 @@ def _newest_first(row: dict) -> tuple:
     return (-row["iteration"], -row["policy_version"], row["trajectory_id"])
 
 
+def _graded_whole_answer(t: dict) -> bool:
+    """A full-mode trajectory that finished with a reward: the problem solved (or not) from scratch."""
+    return t["source_trajectory_id"] is None and t["finished"] and t["reward"] is not None
+
+
 def choose_reference(trajectories: Iterable[dict], *, exclude: str | None, success_threshold: float) -> str | None:
     """The latest successful finished trajectory of one problem, never ``exclude``.
 
@@ -106,7 +111,7 @@ def solved_recently(trajectories: Iterable[dict], *, groups: int, success_thresh
     """
     by_iteration: dict[int, list[float]] = {}
     for t in trajectories:
-        if t["source_trajectory_id"] is None and t["finished"] and t["reward"] is not None:
+        if _graded_whole_answer(t):
             by_iteration.setdefault(t["iteration"], []).append(t["reward"])
     recent = sorted(by_iteration, reverse=True)[:groups]
     return len(recent) == groups and all(r >= success_threshold for it in recent for r in by_iteration[it])
@@ -122,7 +127,7 @@ def whole_answer_rate(trajectories: Iterable[dict]) -> float | None:
     on the problem alone, not on the answer it is compared with, so the policy gradient stays
     unbiased however stale it is; staleness only adds variance.
     """
-    rewards = [t["reward"] for t in trajectories if t["source_trajectory_id"] is None and t["finished"] and t["reward"] is not None]
+    rewards = [t["reward"] for t in trajectories if _graded_whole_answer(t)]
     return (sum(rewards) + 0.5) / (len(rewards) + 1) if rewards else None
 
 

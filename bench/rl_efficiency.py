@@ -206,10 +206,10 @@ def run_seed(args: argparse.Namespace, seed: int) -> None:
             if it <= done or it > cfg.run.iterations:
                 continue
             wall0, cpu0 = time.perf_counter(), time.process_time()
-            done = inprocess.run_iteration(cfg, layout, it, store)
+            ran = inprocess.run_iteration(cfg, layout, it, store)
             wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
             metrics = storage.read_rows(layout.output(it, "metrics"), kind="metrics")[-1]
-            rec = _record(v, seed, it, metrics, done.seconds, wall, cpu)
+            rec = _record(v, seed, it, metrics, ran.seconds, wall, cpu)
             with records.open("a") as f:
                 f.write(json.dumps(rec) + "\n")
             loop.prune(cfg, layout, it)

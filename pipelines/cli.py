@@ -142,7 +142,7 @@ def _saving_bound(cfg: AC2Config) -> dict:
         chunk_tokens=r.chunk_tokens,
         answer_tokens=answer or r.max_response_tokens,
         full_group_ratio=cfg.full_group_samples / r.group_size,
-        smaller_for_revisits_only=cfg.advantage.full_groups == "replay_rate",
+        smaller_for_revisits_only=cfg.smaller_groups_for_revisits_only,
     )
     # with max_response_tokens for the answer length the figure is an upper bound of the bound
     return {"chunk_saving_bound": round(bound, 4), "answer_tokens": answer or f"<= {r.max_response_tokens}"}

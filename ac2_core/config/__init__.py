@@ -593,6 +593,13 @@ class AC2Config(Section):
         honoured = self.uses_critic or self.advantage.full_groups == "replay_rate"
         return r.full_group_size if honoured and r.full_group_size is not None else r.group_size
 
+    @property
+    def smaller_groups_for_revisits_only(self) -> bool:
+        """Whether only a revisited problem (one with a graded whole answer to be measured against)
+        decodes ``full_group_samples``, a new one keeping ``group_size``: under the replay-rate
+        baseline. Read by ``samples_per_group``, the plan and validate's saving bound."""
+        return self.advantage.full_groups == "replay_rate"
+
     def replay_rate_on(self, iteration: int) -> bool:
         """Whether a revisited problem's full-mode answers at ``iteration`` are measured against
         its replayed success rate (``advantage.full_groups: replay_rate``): past the critic's
@@ -606,7 +613,7 @@ class AC2Config(Section):
         (``baseline_rate``, its prefixes row's): a problem without a graded whole answer is
         measured within its group, so it keeps ``group_size``. Otherwise AC2's full groups are
         smaller once chunk mode is on."""
-        if self.advantage.full_groups == "replay_rate":
+        if self.smaller_groups_for_revisits_only:
             smaller = mode == "full" and self.replay_rate_on(iteration) and baseline_rate is not None
         else:
             smaller = mode == "full" and self.chunking_on(iteration)
