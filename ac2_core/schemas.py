@@ -13,7 +13,8 @@ import pyarrow as pa
 # 3: metrics.critic_auc and metrics.full_rollout_tokens
 # 4: metrics.algorithm, config_hash and the training statistics; the samples table
 # 5: prefixes.baseline_rate and scored_chunks.baseline_rate (a one-answer refresh's baseline)
-SCHEMA_VERSION = 5
+# 6: advantages.token_advantages (the critic's credit along a whole answer)
+SCHEMA_VERSION = 6
 
 _tokens = pa.list_(pa.int32())
 
@@ -137,6 +138,8 @@ ADVANTAGES = pa.schema(
         pa.field("baseline", pa.float32(), nullable=False),
         pa.field("advantage", pa.float32(), nullable=False),
         pa.field("weight", pa.float32(), nullable=False),  # 0 where the gate masks a critic target, or ungraded
+        # one advantage per token of the chunk where they differ (advantage.full_credit: critic); null: ``advantage``
+        pa.field("token_advantages", pa.list_(pa.float32())),
     ]
 )
 

@@ -61,6 +61,9 @@ S2 = {"actor.steps_per_iteration": 2}  # two optimizer steps an iteration on the
 # a revisited problem in full mode decodes one answer, measured against its replayed success rate (its whole
 # answers kept in the replay ahead of continuations, for that rate and for the prefixes)
 ONE = {"rollout.full_group_size": 1, "advantage.full_groups": "replay_rate", "replay.whole_answers_first": True}
+# the critic's credit along whole answers (research log section 14): each chunk of a full-mode answer trained on
+# the change in V it brought, not on the answer's outcome
+CREDIT = {"advantage.full_credit": "critic"}
 VARIANTS: dict[str, dict] = {
     "ac2": {},
     "ac2_oracle": ORACLE,
@@ -130,6 +133,13 @@ VARIANTS: dict[str, dict] = {
     "ac2_floor_age8_one_s2": {**UNCERTAIN, **FLOOR, **AGE8, **ONE, **S2},
     # ... with chunk-mode prefixes cut only from answers that succeeded (23% of its chunk groups started off the solution)
     "ac2_oracle_age8_one_success_s2": {**ORACLE, **UNCERTAIN, **AGE8, **ONE, **S2, "rollout.prefix_source": "success"},
+    # ... the oracle's credit along every answer, decoding as GRPO does (every problem a full group of 4: what
+    # credit alone buys), and along the one-answer refreshes and new groups of the cheapest structure
+    "ac2_oracle_credit_full_s2": {**ORACLE, "readiness.gate": False, "rollout.probe_fraction": 1.0, **CREDIT, **S2},
+    "ac2_oracle_age8_one_credit_s2": {**ORACLE, **UNCERTAIN, **AGE8, **ONE, **S2, **CREDIT},
+    # ... and the learned critic's, behind the gate (credit only on the problems it is ready on)
+    "ac2_credit_full_s2": {"rollout.probe_fraction": 1.0, **CREDIT, **S2},
+    "ac2_floor_age8_one_credit_s2": {**UNCERTAIN, **FLOOR, **AGE8, **ONE, **S2, **CREDIT},
     # chunk-mode prefixes cut from successful answers (none start past a fatal slip), gate off
     "ac2_no_gate_success": {"readiness.gate": False, "rollout.prefix_source": "success"},
     # ... and chunk advantages divided by their group's std, as GRPO divides its rewards'
@@ -390,10 +400,12 @@ def diagnose(run_dir: Path) -> dict:
             if mode == "chunk":
                 chunk_rows += 1
                 chunk_finished += scored[a["chunk_id"]]["target_source"] == "reward"
-            if a["weight"] > 0 and abs(a["advantage"]) > 1e-6:
+            # a row credited token by token (advantage.full_credit: critic): the mean |A| of its tokens
+            size = _mean([abs(x) for x in a["token_advantages"]]) if a["token_advantages"] else abs(a["advantage"])
+            if a["weight"] > 0 and size > 1e-6:
                 signal_rows += 1
                 signal_tokens += n
-                abs_adv[mode].append(abs(a["advantage"]))
+                abs_adv[mode].append(size)
         if storage.exists(layout.output(it, "critic_pairs")):
             for p in storage.read_rows(layout.output(it, "critic_pairs"), kind="critic_pairs"):
                 preds.append(p["prediction"])

@@ -300,6 +300,7 @@ class ReadinessConfig(Section):
 
 
 class AdvantageConfig(Section):
+    added_later = ("full_credit",)  # left out of the dump at its default (Section)
     baseline: Literal["loo", "mean", "critic"] = Field("loo", description="baseline of chunk advantages within a group")
     scale_std: bool = Field(False, description="divide chunk advantages by the group's std")
     std_floor: float = Field(
@@ -314,6 +315,13 @@ class AdvantageConfig(Section):
         "revisited problem's answers against its success rate b over the graded whole answers of its replay "
         "(A = R - b, divided by sqrt(b(1-b)) when grpo_scale_std), so a group of one answer has a signal, and gives "
         "GRPO's to a problem without any",
+    )
+    full_credit: Literal["outcome", "critic"] = Field(
+        "outcome",
+        description="AC2's finished full-mode answers on problems where the critic is trusted: outcome gives every "
+        "token of an answer its one advantage (full_groups); critic gives each chunk_tokens segment the change in "
+        "V it brought, V(s_end) - V(s_start) with the reward as the last segment's V(s_end), so the tokens of a "
+        "slip carry the loss, not the whole answer. GRPO has no critic and ignores it",
     )
 
     @model_validator(mode="after")

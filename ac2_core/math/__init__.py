@@ -1,6 +1,6 @@
 """Pure math of AC2: advantages, losses, readiness and compute accounting."""
 
-from ac2_core.math.advantages import gate_weights, group_advantages, grpo_advantages, replay_rate_advantages
+from ac2_core.math.advantages import critic_credit, gate_weights, group_advantages, grpo_advantages, replay_rate_advantages
 from ac2_core.math.flops import (
     attention_width,
     count_non_embedding_params,
@@ -25,6 +25,7 @@ __all__ = [
     "brier_ratio",
     "count_non_embedding_params",
     "critic_bce_loss",
+    "critic_credit",
     "critic_flops",
     "decode_flops",
     "gate_weights",

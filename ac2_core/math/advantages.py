@@ -139,6 +139,39 @@ def replay_rate_advantages(rewards: torch.Tensor, rates: torch.Tensor, *, scale_
     return advantages
 
 
+def critic_credit(values: list[float], reward: float, length: int, chunk_tokens: int) -> list[float]:
+    """Per-token advantages of one finished answer from the critic's values along it.
+
+    The answer is cut into segments of ``chunk_tokens`` tokens, the action chunks it is made
+    of; segment ``j`` starts in state ``s_j`` (the answer's first ``j * chunk_tokens`` tokens)
+    and each of its tokens gets ``V(s_{j+1}) - V(s_j)``, with the reward as the last segment's
+    ``V(s_{j+1})``. The advantages of the segments telescope to ``R - V(s_0)``: the answer's
+    credit for its outcome, given where each chunk of it moved the value.
+
+    Args:
+        values: ``V(s_j)`` at each segment's start: one per multiple of ``chunk_tokens`` below
+            ``length``, 0 included.
+        reward: the answer's terminal reward ``R``.
+        length: the answer's length in tokens.
+        chunk_tokens: the segment length ``L``.
+
+    Returns:
+        ``length`` floats.
+    """
+    if length < 1 or chunk_tokens < 1:
+        raise ValueError(f"length and chunk_tokens must be >= 1; got {length} and {chunk_tokens}")
+    n_segments = -(-length // chunk_tokens)
+    if len(values) != n_segments:
+        raise ValueError(
+            f"an answer of {length} tokens in segments of {chunk_tokens} needs {n_segments} values; got {len(values)}"
+        )
+    ends = [*values[1:], reward]
+    credit = []
+    for j, (start, end) in enumerate(zip(values, ends)):
+        credit += [end - start] * (min(length, (j + 1) * chunk_tokens) - j * chunk_tokens)
+    return credit
+
+
 def gate_weights(target_from_critic: torch.Tensor, problem_ready: torch.Tensor) -> torch.Tensor:
     """Loss weight of each row: 0 for critic targets on problems that are not ready.
 

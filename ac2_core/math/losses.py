@@ -42,7 +42,8 @@ def ppo_clip_loss(
     Args:
         logprobs: (B, T) float. Log-probs of the sampled tokens under the current policy.
         old_logprobs: (B, T) float. Behaviour log-probs recorded at generation.
-        advantages: (B,) float. One advantage per row, broadcast over its tokens.
+        advantages: (B,) float, one advantage per row broadcast over its tokens; or (B, T),
+            one per token (the critic's credit along an answer), read where ``mask`` is 1.
         mask: (B, T) bool or float. 1 on chunk tokens that carry loss, 0 elsewhere
             (prompt, prefix, padding).
         clip_low: the ratio is clipped below at `1 - clip_low`.
@@ -68,8 +69,10 @@ def ppo_clip_loss(
             f"logprobs, old_logprobs and mask must all be (B, T); got {tuple(logprobs.shape)}, "
             f"{tuple(old_logprobs.shape)}, {tuple(mask.shape)}"
         )
-    if advantages.shape != logprobs.shape[:1]:
-        raise ValueError(f"advantages must be (B,) = ({logprobs.shape[0]},); got {tuple(advantages.shape)}")
+    if advantages.shape not in (logprobs.shape[:1], logprobs.shape):
+        raise ValueError(
+            f"advantages must be (B,) = ({logprobs.shape[0]},) or (B, T) = {tuple(logprobs.shape)}; got {tuple(advantages.shape)}"
+        )
     if not 0.0 <= clip_low < 1.0 or clip_high < 0.0:
         raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0; got clip_low={clip_low}, clip_high={clip_high}")
     if kl_beta < 0.0:
@@ -80,7 +83,8 @@ def ppo_clip_loss(
         raise ValueError(f"row_weights must be (B,) = ({logprobs.shape[0]},) and non-negative; got {row_weights.tolist()}")
 
     mask = mask.to(logprobs.dtype)
-    adv = advantages.to(logprobs.dtype).detach()[:, None]
+    adv = advantages.to(logprobs.dtype).detach()
+    adv = adv[:, None] if adv.dim() == 1 else adv
     log_ratio = logprobs - old_logprobs.detach()
     ratio = torch.exp(log_ratio)
     unclipped = ratio * adv

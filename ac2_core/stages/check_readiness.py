@@ -8,7 +8,10 @@ now, chunks whose target came from the critic get weight 0. A full-mode group (G
 answers) gets GRPO's advantage by default (``advantage.full_groups``): the same answers
 must teach the same thing under either algorithm. Under ``replay_rate`` a revisited
 problem's full-mode answers (one may be all it has) are measured against its replayed
-success rate instead (``math.replay_rate_advantages``).
+success rate instead (``math.replay_rate_advantages``). Under ``advantage.full_credit:
+critic`` a finished full-mode answer on a ready problem gets one advantage per token
+instead: each chunk of it the change in V it brought (``math.critic_credit``), read off
+the critic's out-of-sample predictions at its chunk boundaries (this iteration's pairs).
 
 GRPO: group-normalized terminal rewards (``math.grpo_advantages``), weight 1, and an
 empty readiness table; under ``replay_rate`` its revisited problems' answers are measured
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from ac2_core.config import AC2Config
-from ac2_core.math import gate_weights, group_advantages, grpo_advantages, is_ready, replay_rate_advantages
+from ac2_core.math import critic_credit, gate_weights, group_advantages, grpo_advantages, is_ready, replay_rate_advantages
 from ac2_core.stages.common import StageStats, read, write
 
 STAGE = "check_readiness"
@@ -63,14 +66,36 @@ def update_windows(cfg: AC2Config, previous: list[dict], pairs: list[dict], iter
     return rows
 
 
-def advantages(cfg: AC2Config, scored: list[dict], ready: set[str]) -> list[dict]:
+def advantages(cfg: AC2Config, scored: list[dict], ready: set[str], pairs: list[dict] = ()) -> list[dict]:
     """One row per scored chunk, in order. An ungraded chunk (its grader failed) gets
     weight 0 and no target, and is left out of its group's baseline: the others' advantages
-    are computed as if it had not been sampled."""
+    are computed as if it had not been sampled. ``pairs`` (this iteration's critic pairs)
+    give the values along each answer that ``advantage.full_credit: critic`` needs."""
     graded = {r["chunk_id"]: r for r in _graded_advantages(cfg, [s for s in scored if s["target_source"] != "ungraded"], ready)}
-    masked = dict(target=None, baseline=0.0, advantage=0.0, weight=0.0)
+    if cfg.uses_critic and cfg.advantage.full_credit == "critic":
+        _credit_along(cfg, scored, ready, pairs, graded)
+    masked = dict(target=None, baseline=0.0, advantage=0.0, weight=0.0, token_advantages=None)
     keys = ("run_id", "iteration", "policy_version", "chunk_id", "prefix_id", "problem_id")
     return [graded.get(s["chunk_id"]) or {**{k: s[k] for k in keys}, **masked} for s in scored]
+
+
+def _credit_along(cfg: AC2Config, scored: list[dict], ready: set[str], pairs: list[dict], graded: dict[str, dict]) -> None:
+    """Give each finished, graded full-mode answer of a ready problem the critic's credit along
+    it: per-token advantages, the baseline ``V(s_0)`` and the advantage ``R - V(s_0)`` they sum
+    to over its segments."""
+    along: dict[str, dict[int, float]] = {}
+    for p in pairs:
+        along.setdefault(p["trajectory_id"], {})[p["cut"]] = p["prediction"]
+    for s in scored:
+        row = graded.get(s["chunk_id"])
+        if row is None or s["mode"] != "full" or not s["finished"] or s["problem_id"] not in ready:
+            continue
+        by_cut = along.get(s["chunk_id"], {})
+        values = [by_cut[c] for c in sorted(by_cut)]
+        if not values or None in values:
+            raise ValueError(f"full-mode answer {s['chunk_id']}: no critic values along it for advantage.full_credit critic")
+        credit = critic_credit(values, s["reward"], len(s["response_token_ids"]), cfg.rollout.chunk_tokens)
+        row.update(baseline=values[0], advantage=s["reward"] - values[0], token_advantages=credit)
 
 
 def _graded_advantages(cfg: AC2Config, scored: list[dict], ready: set[str]) -> list[dict]:
@@ -117,6 +142,7 @@ def _graded_advantages(cfg: AC2Config, scored: list[dict], ready: set[str]) -> l
             "baseline": float(b),
             "advantage": float(a),
             "weight": float(w),
+            "token_advantages": None,
         }
         for s, a, b, w in zip(scored, adv.tolist(), base.tolist(), weights.tolist())
     ]
@@ -144,13 +170,10 @@ def run(
     out_advantages: str,
 ) -> ReadinessStats:
     scored = read(scored_chunks, "scored_chunks")
-    windows = (
-        update_windows(cfg, read(readiness, "readiness"), read(critic_pairs, "critic_pairs"), iteration)
-        if cfg.uses_critic
-        else []
-    )
+    pairs = read(critic_pairs, "critic_pairs") if cfg.uses_critic else []
+    windows = update_windows(cfg, read(readiness, "readiness"), pairs, iteration) if cfg.uses_critic else []
     ready = {w["problem_id"] for w in windows if w["ready"]}
-    rows = advantages(cfg, scored, ready)
+    rows = advantages(cfg, scored, ready, pairs)
     write(cfg, STAGE, out_readiness, windows, "readiness")
     adv_hash = write(cfg, STAGE, out_advantages, rows, "advantages")
     active = [r for r in rows if r["weight"] > 0]

@@ -1,6 +1,8 @@
 """update_actor: PPO-clip policy gradient on chunk tokens (docs/design.md section 2, step 5).
 
-The context is prompt + prefix; only the chunk's own tokens carry loss. The ratio is
+The context is prompt + prefix; only the chunk's own tokens carry loss, each with its row's
+advantage, or its own where the row carries ``token_advantages`` (the critic's credit along
+a whole answer, ``advantage.full_credit``). The ratio is
 taken against the behaviour log-probs recorded by ``generate_chunks``, under the same
 sampling temperature. The loss is a mean over every token of the rows that the gate
 lets through, so micro-batches sum to the full-batch loss.
@@ -24,22 +26,26 @@ STAGE = "update_actor"
 
 
 def trained_rows(advantages: list[dict]) -> list[dict]:
-    """Rows that carry gradient: let through by the gate, with a non-zero advantage."""
-    return [a for a in advantages if a["weight"] > 0 and a["advantage"] != 0]
+    """Rows that carry gradient: let through by the gate, with a non-zero advantage (on some token)."""
+    return [a for a in advantages if a["weight"] > 0 and any(a["token_advantages"] or [a["advantage"]])]
 
 
 def ppo_batch(tok, probs: Problems, prefix_by_id: dict, chunk_by_id: dict, rows: list[dict]) -> list[tuple]:
-    """(context, response, behaviour log-probs, advantage * weight) of each trained row; the
-    context is the prompt's and the prefix's token ids."""
+    """(context, response, behaviour log-probs, advantages * weight) of each trained row; the
+    context is the prompt's and the prefix's token ids, and the advantages one per response token."""
     prompts: dict[str, list[int]] = {}
     batch = []
     for a in rows:
         c, p = chunk_by_id[a["chunk_id"]], prefix_by_id[a["prefix_id"]]
         if a["problem_id"] not in prompts:
             prompts[a["problem_id"]] = prompt_ids(tok, probs[a["problem_id"]]["prompt"])
-        batch.append(
-            (prompts[a["problem_id"]] + p["prefix_token_ids"], c["token_ids"], c["logprobs"], a["advantage"] * a["weight"])
-        )
+        per_token = a["token_advantages"] or [a["advantage"]] * len(c["token_ids"])
+        if len(per_token) != len(c["token_ids"]):
+            raise ValueError(
+                f"advantages row {a['chunk_id']}: {len(per_token)} token advantages for a chunk of {len(c['token_ids'])} tokens"
+            )
+        context = prompts[a["problem_id"]] + p["prefix_token_ids"]
+        batch.append((context, c["token_ids"], c["logprobs"], [x * a["weight"] for x in per_token]))
     return batch
 
 
@@ -94,10 +100,11 @@ def run(
         contexts, responses, old, adv = zip(*mb)
         kw = dict(pad_id=tok.pad_token_id, temperature=cfg.rollout.temperature)
         lp, mask = token_logprobs(model, list(contexts), list(responses), **kw)
-        old_lp = torch.zeros(lp.shape)
-        for i, o in enumerate(old):
+        old_lp, per_token = torch.zeros(lp.shape), torch.zeros(lp.shape)
+        for i, (o, a) in enumerate(zip(old, adv)):
             old_lp[i, : len(o)] = torch.tensor(o)
-        old_lp = old_lp.to(lp.device)
+            per_token[i, : len(a)] = torch.tensor(a)
+        old_lp, per_token = old_lp.to(lp.device), per_token.to(lp.device)
         ref_lp = None
         if ref_model is not None:
             with torch.no_grad():
@@ -105,7 +112,7 @@ def run(
         loss, stats = ppo_clip_loss(
             lp,
             old_lp,
-            torch.tensor(adv, dtype=torch.float32, device=lp.device),
+            per_token,
             mask,
             clip_low=cfg.actor.clip_low,
             clip_high=cfg.actor.clip_high,

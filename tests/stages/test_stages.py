@@ -318,6 +318,62 @@ def test_replay_rate_full_groups_measure_each_answer_against_its_problems_rate()
     assert advantages(unscaled, one, ready=set())[0]["advantage"] == pytest.approx(0.75)
 
 
+def test_critic_credit_gives_a_ready_problems_whole_answers_one_advantage_per_token_from_the_values_along_them():
+    from ac2_core.stages.check_readiness import advantages
+    from ac2_core.stages.update_actor import trained_rows
+
+    def answers(pid: str, rewards: list[float]) -> list[dict]:  # 40-token answers: segments at 0, 16, 32
+        rows = _scored(pid, "full", rewards, "reward")
+        answer = {"baseline_rate": None, "finished": True, "response_token_ids": [7] * 40}
+        return [{**r, **answer, "reward": r["target"]} for r in rows]
+
+    def pair(chunk_id: str, cut: int, v: float) -> dict:
+        return {"trajectory_id": chunk_id, "cut": cut, "prediction": v}
+
+    scored = answers("ready", [0.0, 1.0]) + answers("new", [1.0, 0.0])
+    # the first answer slips in its second segment (V 0.5 -> 0), the second stays on to its reward
+    pairs = [pair("ready-0", c, v) for c, v in ((32, 0.0), (0, 0.3), (16, 0.5))]  # in any order
+    pairs += [pair("ready-1", c, v) for c, v in ((0, 0.3), (16, 0.5), (32, 0.8))]
+    cfg = tiny_config(algorithm="ac2", rollout__chunk_tokens=16, advantage__full_credit="critic")
+    got = {r["chunk_id"]: r for r in advantages(cfg, scored, ready={"ready"}, pairs=pairs)}
+    assert got["ready-0"]["token_advantages"] == pytest.approx([0.2] * 16 + [-0.5] * 16 + [0.0] * 8)
+    assert got["ready-1"]["token_advantages"] == pytest.approx([0.2] * 16 + [0.3] * 16 + [0.2] * 8)
+    # the segments telescope to R - V(s_0), reported as the row's advantage against the baseline V(s_0)
+    assert [got[f"ready-{i}"]["advantage"] for i in range(2)] == pytest.approx([-0.3, 0.7])
+    assert got["ready-0"]["baseline"] == pytest.approx(0.3)
+    # a problem the critic is not trusted on keeps GRPO's one advantage an answer; so does every answer by default
+    assert got["new-0"]["token_advantages"] is None and got["new-0"]["advantage"] == pytest.approx(1.0, rel=1e-5)
+    default = advantages(tiny_config(algorithm="ac2"), scored, ready={"ready"}, pairs=pairs)
+    assert all(r["token_advantages"] is None for r in default)
+    # a row whose tokens all carry 0 trains nothing, whatever it telescopes to
+    flat = [{**got["ready-0"], "token_advantages": [0.0] * 40}, got["ready-1"]]
+    assert [r["chunk_id"] for r in trained_rows(flat)] == ["ready-1"]
+    with pytest.raises(ValueError, match="ready-0: no critic values along it"):
+        advantages(cfg, scored, ready={"ready"}, pairs=pairs[3:])
+
+
+@pytest.mark.parametrize("kind", ["learned", "oracle"])
+def test_critic_credit_runs_through_the_stages_and_trains_each_token_on_its_own_advantage(run_dir, kind):
+    cfg = tiny_config(algorithm="ac2", critic__kind=kind, readiness__gate=False, advantage__full_credit="critic")
+    layout = RunLayout(str(run_dir))
+    for it in (1, 2):
+        results = run_stages(cfg, layout, it)
+        chunks = {c["chunk_id"]: c for c in rows(layout, it, "chunks")}
+        modes = {p["prefix_id"]: p["mode"] for p in rows(layout, it, "prefixes")}
+        credited = [a for a in rows(layout, it, "advantages") if a["token_advantages"] is not None]
+        finished_full = [c for c in chunks.values() if modes[c["prefix_id"]] == "full" and c["finish_reason"] != "length"]
+        assert len(credited) == len(finished_full) and (credited or it > 1)  # the gate is off: every finished answer
+        for a in credited:
+            per_token = a["token_advantages"]
+            assert len(per_token) == len(chunks[a["chunk_id"]]["token_ids"])
+            # constant within each chunk_tokens segment, and the segments sum to R - V(s_0)
+            segments = [per_token[i : i + cfg.rollout.chunk_tokens] for i in range(0, len(per_token), cfg.rollout.chunk_tokens)]
+            assert all(len(set(seg)) == 1 for seg in segments)
+            assert sum(seg[0] for seg in segments) == pytest.approx(a["advantage"], abs=1e-5)
+        if kind == "learned":  # the tiny actor never succeeds, so only a learned critic's values differ from 0
+            assert results["update_actor"].trained_chunks >= len(credited)
+
+
 @pytest.mark.parametrize("algorithm", ["ac2", "grpo"])
 def test_one_answer_refreshes_decode_once_for_a_revisited_problem_and_a_group_for_a_new_one(run_dir, algorithm):
     # answers older than one iteration are no source of prefixes: a revisited problem is refreshed every other visit

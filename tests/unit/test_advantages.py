@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from ac2_core.math.advantages import gate_weights, group_advantages, grpo_advantages, replay_rate_advantages
+from ac2_core.math.advantages import critic_credit, gate_weights, group_advantages, grpo_advantages, replay_rate_advantages
 
 
 def t(*values):
@@ -134,3 +134,19 @@ def test_gate_weights():
     # row 2: critic target on a ready problem -> kept; row 3: reward target, ready -> kept
     assert w.dtype == torch.float32
     assert_close(w, t(0, 1, 1, 1))
+
+
+def test_critic_credit_gives_each_segment_the_change_in_value_it_brought():
+    # 37 tokens in segments of 16: 16, 16, 5; the answer slipped in its second segment
+    credit = critic_credit([0.4, 0.6, 0.0], 0.0, 37, 16)
+    assert credit == pytest.approx([0.2] * 16 + [-0.6] * 16 + [0.0] * 5)
+    # the segments telescope to R - V(s_0), whatever the values between
+    values = [0.1, 0.9, 0.35, 0.7]
+    per_segment = critic_credit(values, 1.0, 64, 16)[::16]
+    assert sum(per_segment) == pytest.approx(1.0 - 0.1)
+    assert critic_credit([0.25], 1.0, 3, 16) == pytest.approx([0.75] * 3)
+    for values, length in (([0.5, 0.5], 16), ([0.5], 17), ([], 1)):
+        with pytest.raises(ValueError, match="needs"):
+            critic_credit(values, 1.0, length, 16)
+    with pytest.raises(ValueError, match="length and chunk_tokens must be >= 1"):
+        critic_credit([0.5], 1.0, 0, 16)

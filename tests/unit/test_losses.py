@@ -120,8 +120,28 @@ def test_ppo_kl_without_reference_raises():
 
 def test_ppo_advantages_shape_checked():
     lp = torch.zeros(2, 3)
-    with pytest.raises(ValueError, match=r"advantages must be \(B,\)"):
-        ppo_clip_loss(lp, lp, torch.zeros(2, 3), torch.ones(2, 3))
+    for wrong in (torch.zeros(3), torch.zeros(2, 2), torch.zeros(2, 3, 1)):
+        with pytest.raises(ValueError, match=r"advantages must be \(B,\) = \(2,\) or \(B, T\) = \(2, 3\)"):
+            ppo_clip_loss(lp, lp, wrong, torch.ones(2, 3))
+
+
+def test_ppo_per_token_advantages_equal_rows_where_constant_and_weigh_each_token_alone():
+    """A (B, T) advantage equal along a row is that row's (B,) advantage, padding aside; and a
+    token's gradient follows its own advantage only (the critic's credit along an answer)."""
+    torch.manual_seed(0)
+    lp = torch.randn(2, 4, requires_grad=True)
+    old = lp.detach() + 0.05 * torch.randn(2, 4)
+    mask = torch.tensor([[1.0, 1, 1, 0], [1, 1, 1, 1]])
+    rows = torch.tensor([0.7, -0.4])
+    per_token = torch.tensor([[0.7, 0.7, 0.7, 99.0], [-0.4, -0.4, -0.4, -0.4]])  # 99: padding, masked out
+    a, _ = ppo_clip_loss(lp, old, rows, mask)
+    b, _ = ppo_clip_loss(lp, old, per_token, mask)
+    assert float(a.detach()) == float(b.detach())
+    credit = torch.tensor([[0.0, -1.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0]])
+    loss, _ = ppo_clip_loss(lp, lp.detach(), credit, mask)
+    (grad,) = torch.autograd.grad(loss, lp)
+    # at ratio 1 the per-token loss is -A * ratio: d/dlp = -A / normalizer (7 masked tokens)
+    assert grad.flatten().tolist() == pytest.approx((-credit * mask / 7).flatten().tolist())
 
 
 def test_bce_unweighted_and_weighted():
