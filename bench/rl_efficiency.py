@@ -137,9 +137,16 @@ VARIANTS: dict[str, dict] = {
     # credit alone buys), and along the one-answer refreshes and new groups of the cheapest structure
     "ac2_oracle_credit_full_s2": {**ORACLE, "readiness.gate": False, "rollout.probe_fraction": 1.0, **CREDIT, **S2},
     "ac2_oracle_age8_one_credit_s2": {**ORACLE, **UNCERTAIN, **AGE8, **ONE, **S2, **CREDIT},
+    # ... and along the refreshes of 4 of the age-8 structure (0.485x GRPO's decoding, section 12)
+    "ac2_oracle_age8_credit_s2": {**ORACLE, **UNCERTAIN, **AGE8, **S2, **CREDIT},
     # ... and the learned critic's, behind the gate (credit only on the problems it is ready on)
     "ac2_credit_full_s2": {"rollout.probe_fraction": 1.0, **CREDIT, **S2},
     "ac2_floor_age8_one_credit_s2": {**UNCERTAIN, **FLOOR, **AGE8, **ONE, **S2, **CREDIT},
+    # ... with the gate on: credit (and chunk mode) only where the learned critic is ready (gate off, a fresh
+    # critic's flat V put all of iteration 1's credit on each answer's last chunk, and the arm fell from the start)
+    "ac2_gate_age8_one_credit_s2": {"rollout.prefix_cut": "uncertain", **FLOOR, **AGE8, **ONE, **S2, **CREDIT},
+    # ... and on the age-8 refreshes of 4 (the structure that paid with the oracle's credit, section 14)
+    "ac2_gate_age8_credit_s2": {"rollout.prefix_cut": "uncertain", **FLOOR, **AGE8, **S2, **CREDIT},
     # chunk-mode prefixes cut from successful answers (none start past a fatal slip), gate off
     "ac2_no_gate_success": {"readiness.gate": False, "rollout.prefix_source": "success"},
     # ... and chunk advantages divided by their group's std, as GRPO divides its rewards'
