@@ -139,8 +139,7 @@ VARIANTS: dict[str, dict] = {
     "ac2_oracle_age8_one_credit_s2": {**ORACLE, **UNCERTAIN, **AGE8, **ONE, **S2, **CREDIT},
     # ... and along the refreshes of 4 of the age-8 structure (0.485x GRPO's decoding, section 12)
     "ac2_oracle_age8_credit_s2": {**ORACLE, **UNCERTAIN, **AGE8, **S2, **CREDIT},
-    # ... and the learned critic's, behind the gate (credit only on the problems it is ready on)
-    "ac2_credit_full_s2": {"rollout.probe_fraction": 1.0, **CREDIT, **S2},
+    # ... and the learned critic's on the cheapest structure, with the gate off as the other learned arms
     "ac2_floor_age8_one_credit_s2": {**UNCERTAIN, **FLOOR, **AGE8, **ONE, **S2, **CREDIT},
     # ... with the gate on: credit (and chunk mode) only where the learned critic is ready (gate off, a fresh
     # critic's flat V put all of iteration 1's credit on each answer's last chunk, and the arm fell from the start)

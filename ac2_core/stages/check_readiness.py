@@ -20,12 +20,14 @@ against their replayed success rate as AC2's are.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from ac2_core.config import AC2Config
 from ac2_core.math import critic_credit, gate_weights, group_advantages, grpo_advantages, is_ready, replay_rate_advantages
+from ac2_core.replay import cut_points
 from ac2_core.stages.common import StageStats, read, write
 
 STAGE = "check_readiness"
@@ -66,7 +68,7 @@ def update_windows(cfg: AC2Config, previous: list[dict], pairs: list[dict], iter
     return rows
 
 
-def advantages(cfg: AC2Config, scored: list[dict], ready: set[str], pairs: list[dict] = ()) -> list[dict]:
+def advantages(cfg: AC2Config, scored: list[dict], ready: set[str], pairs: Sequence[dict] = ()) -> list[dict]:
     """One row per scored chunk, in order. An ungraded chunk (its grader failed) gets
     weight 0 and no target, and is left out of its group's baseline: the others' advantages
     are computed as if it had not been sampled. ``pairs`` (this iteration's critic pairs)
@@ -79,22 +81,21 @@ def advantages(cfg: AC2Config, scored: list[dict], ready: set[str], pairs: list[
     return [graded.get(s["chunk_id"]) or {**{k: s[k] for k in keys}, **masked} for s in scored]
 
 
-def _credit_along(cfg: AC2Config, scored: list[dict], ready: set[str], pairs: list[dict], graded: dict[str, dict]) -> None:
+def _credit_along(cfg: AC2Config, scored: list[dict], ready: set[str], pairs: Sequence[dict], graded: dict[str, dict]) -> None:
     """Give each finished, graded full-mode answer of a ready problem the critic's credit along
     it: per-token advantages, the baseline ``V(s_0)`` and the advantage ``R - V(s_0)`` they sum
-    to over its segments."""
-    along: dict[str, dict[int, float]] = {}
-    for p in pairs:
-        along.setdefault(p["trajectory_id"], {})[p["cut"]] = p["prediction"]
+    to over its segments. Its values are the pairs ``score_chunks`` made at the answer's cut
+    points (``replay.cut_points``)."""
+    along = {(p["trajectory_id"], p["cut"]): p["prediction"] for p in pairs}
     for s in scored:
         row = graded.get(s["chunk_id"])
         if row is None or s["mode"] != "full" or not s["finished"] or s["problem_id"] not in ready:
             continue
-        by_cut = along.get(s["chunk_id"], {})
-        values = [by_cut[c] for c in sorted(by_cut)]
-        if not values or None in values:
+        length = len(s["response_token_ids"])
+        values = [along.get((s["chunk_id"], cut)) for cut in cut_points(length, cfg.rollout.chunk_tokens, finished=True)]
+        if None in values:
             raise ValueError(f"full-mode answer {s['chunk_id']}: no critic values along it for advantage.full_credit critic")
-        credit = critic_credit(values, s["reward"], len(s["response_token_ids"]), cfg.rollout.chunk_tokens)
+        credit = critic_credit(values, s["reward"], length, cfg.rollout.chunk_tokens)
         row.update(baseline=values[0], advantage=s["reward"] - values[0], token_advantages=credit)
 
 
