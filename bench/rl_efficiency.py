@@ -146,6 +146,9 @@ VARIANTS: dict[str, dict] = {
     "ac2_gate_age8_one_credit_s2": {"rollout.prefix_cut": "uncertain", **FLOOR, **AGE8, **ONE, **S2, **CREDIT},
     # ... and on the age-8 refreshes of 4 (the structure that paid with the oracle's credit, section 14)
     "ac2_gate_age8_credit_s2": {"rollout.prefix_cut": "uncertain", **FLOOR, **AGE8, **S2, **CREDIT},
+    # ... and with the gate off, its credit past the critic's warm-up everywhere, each segment also taking half of
+    # the later segments' changes (GAE's lambda 0.5: a critic wrong about where an answer slipped misleads less)
+    "ac2_floor_age8_credit_l05_s2": {**UNCERTAIN, **FLOOR, **AGE8, **S2, **CREDIT, "advantage.credit_lambda": 0.5},
     # chunk-mode prefixes cut from successful answers (none start past a fatal slip), gate off
     "ac2_no_gate_success": {"readiness.gate": False, "rollout.prefix_source": "success"},
     # ... and chunk advantages divided by their group's std, as GRPO divides its rewards'

@@ -300,7 +300,7 @@ class ReadinessConfig(Section):
 
 
 class AdvantageConfig(Section):
-    added_later = ("full_credit",)  # left out of the dump at its default (Section)
+    added_later = ("full_credit", "credit_lambda")  # left out of the dump at their defaults (Section)
     baseline: Literal["loo", "mean", "critic"] = Field("loo", description="baseline of chunk advantages within a group")
     scale_std: bool = Field(False, description="divide chunk advantages by the group's std")
     std_floor: float = Field(
@@ -322,6 +322,14 @@ class AdvantageConfig(Section):
         "token of an answer its one advantage (full_groups); critic gives each chunk_tokens segment the change in "
         "V it brought, V(s_end) - V(s_start) with the reward as the last segment's V(s_end), so the tokens of a "
         "slip carry the loss, not the whole answer. GRPO has no critic and ignores it",
+    )
+    credit_lambda: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="with full_credit critic, the share of each later segment's change in V a segment also takes "
+        "(GAE's lambda over segments): 0 gives each segment its own change, 1 gives it R - V(s_start), the reward "
+        "against the value where it began, which a critic wrong about where an answer slipped misleads less",
     )
 
     @model_validator(mode="after")

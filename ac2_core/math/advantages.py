@@ -139,7 +139,7 @@ def replay_rate_advantages(rewards: torch.Tensor, rates: torch.Tensor, *, scale_
     return advantages
 
 
-def critic_credit(values: list[float], reward: float, length: int, chunk_tokens: int) -> list[float]:
+def critic_credit(values: list[float], reward: float, length: int, chunk_tokens: int, *, lam: float = 0.0) -> list[float]:
     """Per-token advantages of one finished answer from the critic's values along it.
 
     The answer is cut into segments of ``chunk_tokens`` tokens, the action chunks it is made
@@ -148,27 +148,40 @@ def critic_credit(values: list[float], reward: float, length: int, chunk_tokens:
     ``V(s_{j+1})``. The advantages of the segments telescope to ``R - V(s_0)``: the answer's
     credit for its outcome, given where each chunk of it moved the value.
 
+    With ``lam > 0`` a segment also takes the later segments' changes, discounted by ``lam``
+    per segment: ``A_j = sum_k lam^k (V(s_{j+k+1}) - V(s_{j+k}))``, GAE over segments with no
+    discount in time. ``lam = 1`` gives every segment ``R - V(s_j)``, the per-state baseline:
+    a critic wrong about where an answer slipped then moves less of the blame than at
+    ``lam = 0``, and a flat critic gives every token the outcome against one baseline.
+
     Args:
         values: ``V(s_j)`` at each segment's start: one per multiple of ``chunk_tokens`` below
             ``length``, 0 included.
         reward: the answer's terminal reward ``R``.
         length: the answer's length in tokens.
         chunk_tokens: the segment length ``L``.
+        lam: how much of the later segments' changes each segment takes, in [0, 1].
 
     Returns:
         ``length`` floats.
     """
     if length < 1 or chunk_tokens < 1:
         raise ValueError(f"length and chunk_tokens must be >= 1; got {length} and {chunk_tokens}")
+    if not 0.0 <= lam <= 1.0:
+        raise ValueError(f"lam must be in [0, 1]; got {lam}")
     n_segments = -(-length // chunk_tokens)
     if len(values) != n_segments:
         raise ValueError(
             f"an answer of {length} tokens in segments of {chunk_tokens} needs {n_segments} values; got {len(values)}"
         )
     ends = [*values[1:], reward]
+    per_segment = [0.0] * n_segments
+    later = 0.0  # the next segment's advantage, lam of which this segment takes
+    for j in reversed(range(n_segments)):
+        later = per_segment[j] = ends[j] - values[j] + lam * later
     credit = []
-    for j, (start, end) in enumerate(zip(values, ends)):
-        credit += [end - start] * (min(length, (j + 1) * chunk_tokens) - j * chunk_tokens)
+    for j, a in enumerate(per_segment):
+        credit += [a] * (min(length, (j + 1) * chunk_tokens) - j * chunk_tokens)
     return credit
 
 

@@ -68,13 +68,16 @@ def update_windows(cfg: AC2Config, previous: list[dict], pairs: list[dict], iter
     return rows
 
 
-def advantages(cfg: AC2Config, scored: list[dict], ready: set[str], pairs: Sequence[dict] = ()) -> list[dict]:
+def advantages(
+    cfg: AC2Config, scored: list[dict], ready: set[str], pairs: Sequence[dict] = (), *, credit: bool = True
+) -> list[dict]:
     """One row per scored chunk, in order. An ungraded chunk (its grader failed) gets
     weight 0 and no target, and is left out of its group's baseline: the others' advantages
     are computed as if it had not been sampled. ``pairs`` (this iteration's critic pairs)
-    give the values along each answer that ``advantage.full_credit: critic`` needs."""
+    give the values along each answer that ``advantage.full_credit: critic`` needs; with
+    ``credit`` False (the critic's warm-up) every answer keeps its one advantage."""
     graded = {r["chunk_id"]: r for r in _graded_advantages(cfg, [s for s in scored if s["target_source"] != "ungraded"], ready)}
-    if cfg.uses_critic and cfg.advantage.full_credit == "critic":
+    if cfg.uses_critic and cfg.advantage.full_credit == "critic" and credit:
         _credit_along(cfg, scored, ready, pairs, graded)
     masked = dict(target=None, baseline=0.0, advantage=0.0, weight=0.0, token_advantages=None)
     keys = ("run_id", "iteration", "policy_version", "chunk_id", "prefix_id", "problem_id")
@@ -95,7 +98,7 @@ def _credit_along(cfg: AC2Config, scored: list[dict], ready: set[str], pairs: Se
         values = [along.get((s["chunk_id"], cut)) for cut in cut_points(length, cfg.rollout.chunk_tokens, finished=True)]
         if None in values:
             raise ValueError(f"full-mode answer {s['chunk_id']}: no critic values along it for advantage.full_credit critic")
-        credit = critic_credit(values, s["reward"], length, cfg.rollout.chunk_tokens)
+        credit = critic_credit(values, s["reward"], length, cfg.rollout.chunk_tokens, lam=cfg.advantage.credit_lambda)
         row.update(baseline=values[0], advantage=s["reward"] - values[0], token_advantages=credit)
 
 
@@ -174,7 +177,9 @@ def run(
     pairs = read(critic_pairs, "critic_pairs") if cfg.uses_critic else []
     windows = update_windows(cfg, read(readiness, "readiness"), pairs, iteration) if cfg.uses_critic else []
     ready = {w["problem_id"] for w in windows if w["ready"]}
-    rows = advantages(cfg, scored, ready, pairs)
+    # credit waits out the critic's warm-up, as chunk mode does: a critic fitted on few pairs or none
+    # is flat, and flat values put all of an answer's credit on its last chunk (research log section 14)
+    rows = advantages(cfg, scored, ready, pairs, credit=cfg.chunking_on(iteration))
     write(cfg, STAGE, out_readiness, windows, "readiness")
     adv_hash = write(cfg, STAGE, out_advantages, rows, "advantages")
     active = [r for r in rows if r["weight"] > 0]

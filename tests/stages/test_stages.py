@@ -348,6 +348,11 @@ def test_critic_credit_gives_a_ready_problems_whole_answers_one_advantage_per_to
     # a row whose tokens all carry 0 trains nothing, whatever it telescopes to
     flat = [{**got["ready-0"], "token_advantages": [0.0] * 40}, got["ready-1"]]
     assert [r["chunk_id"] for r in trained_rows(flat)] == ["ready-1"]
+    # advantage.credit_lambda 1: each segment R - V(s_j), the reward against the value where it began
+    gae = tiny_config(algorithm="ac2", rollout__chunk_tokens=16, advantage__full_credit="critic", advantage__credit_lambda=1.0)
+    lam1 = {r["chunk_id"]: r for r in advantages(gae, scored, ready={"ready"}, pairs=pairs)}
+    assert lam1["ready-0"]["token_advantages"] == pytest.approx([-0.3] * 16 + [-0.5] * 16 + [0.0] * 8)
+    assert lam1["ready-1"]["token_advantages"] == pytest.approx([0.7] * 16 + [0.5] * 16 + [0.2] * 8)
     with pytest.raises(ValueError, match="ready-0: no critic values along it"):
         advantages(cfg, scored, ready={"ready"}, pairs=pairs[3:])
 
@@ -372,6 +377,15 @@ def test_critic_credit_runs_through_the_stages_and_trains_each_token_on_its_own_
             assert sum(seg[0] for seg in segments) == pytest.approx(a["advantage"], abs=1e-5)
         if kind == "learned":  # the tiny actor never succeeds, so only a learned critic's values differ from 0
             assert results["update_actor"].trained_chunks >= len(credited)
+
+
+def test_critic_credit_waits_out_the_critics_warm_up(run_dir):
+    # the same run as above with one warm-up iteration: its finished answers keep their one advantage each
+    cfg = tiny_config(algorithm="ac2", readiness__gate=False, advantage__full_credit="critic", critic__warmup_iterations=1)
+    layout = RunLayout(str(run_dir))
+    run_stages(cfg, layout, 1)
+    finished = [c for c in rows(layout, 1, "chunks") if c["finish_reason"] != "length"]
+    assert finished and all(a["token_advantages"] is None for a in rows(layout, 1, "advantages"))
 
 
 @pytest.mark.parametrize("algorithm", ["ac2", "grpo"])

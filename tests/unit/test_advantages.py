@@ -150,3 +150,19 @@ def test_critic_credit_gives_each_segment_the_change_in_value_it_brought():
             critic_credit(values, 1.0, length, 16)
     with pytest.raises(ValueError, match="length and chunk_tokens must be >= 1"):
         critic_credit([0.5], 1.0, 0, 16)
+
+
+def test_critic_credit_with_lambda_hands_each_segment_a_discounted_share_of_the_later_changes():
+    # changes along [0.4, 0.6, 0.0] -> R = 0: delta = 0.2, -0.6, 0.0 (segments of 16, 16, 5)
+    # lam 0.5: A_2 = 0.0; A_1 = -0.6 + 0.5 * 0.0 = -0.6; A_0 = 0.2 + 0.5 * -0.6 = -0.1
+    half = critic_credit([0.4, 0.6, 0.0], 0.0, 37, 16, lam=0.5)
+    assert half == pytest.approx([-0.1] * 16 + [-0.6] * 16 + [0.0] * 5)
+    # lam 1: every segment R - V(s_j), the value where it began against the outcome
+    values = [0.1, 0.9, 0.35, 0.7]
+    assert critic_credit(values, 1.0, 64, 16, lam=1.0)[::16] == pytest.approx([0.9, 0.1, 0.65, 0.3])
+    # a flat critic then gives every token the outcome against one baseline; at lam 0 only the last segment
+    assert set(critic_credit([0.5] * 4, 0.0, 64, 16, lam=1.0)) == {-0.5}
+    assert critic_credit([0.5] * 4, 0.0, 64, 16)[::16] == pytest.approx([0.0, 0.0, 0.0, -0.5])
+    for lam in (-0.1, 1.5):
+        with pytest.raises(ValueError, match=r"lam must be in \[0, 1\]; got"):
+            critic_credit(values, 1.0, 64, 16, lam=lam)
