@@ -225,9 +225,8 @@ def test_full_group_size_applies_to_full_groups_of_ac2_once_chunk_mode_is_on():
 def test_one_answer_full_groups_need_the_replay_rate_baseline_and_only_problems_with_one_get_them():
     with pytest.raises(ConfigError, match="full_group_size 1 leaves a full-mode answer no group.*replay_rate.*found grpo"):
         parse_config({"rollout": {"group_size": 4, "full_group_size": 1}})
-    cfg = parse_config(
-        {"rollout": {"group_size": 4, "full_group_size": 1}, "advantage": {"full_groups": "replay_rate"}, "critic": {"warmup_iterations": 3}}
-    )
+    rollout = {"group_size": 4, "full_group_size": 1}
+    cfg = parse_config({"rollout": rollout, "advantage": {"full_groups": "replay_rate"}, "critic": {"warmup_iterations": 3}})
     assert [cfg.replay_rate_on(it) for it in (1, 3, 4, 9)] == [False, False, True, True]
     assert [cfg.samples_per_group(it, "full", baseline_rate=0.25) for it in (1, 3, 4, 9)] == [4, 4, 1, 1]
     assert cfg.samples_per_group(9, "full") == 4  # no graded whole answer to be measured against: a group of G

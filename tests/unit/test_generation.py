@@ -189,7 +189,7 @@ def test_static_cache_logits_of_alive_rows_equal_the_models_forward(heads, kv_he
             # to the last bit: with rows gone, some BLAS builds round the attention's batched matmuls
             # differently (see test_static_cache_samples_equal_the_reference_decode); a row read from the
             # wrong slot would be off by far more
-            torch.testing.assert_close(b[alive], a[alive], rtol=0, atol=1e-5, msg=lambda m: f"step {t}: {m}")
+            torch.testing.assert_close(b[alive], a[alive], rtol=0, atol=1e-5, msg=lambda m, t=t: f"step {t}: {m}")
             assert torch.isfinite(b).all()  # a finished row's logits mean nothing, but the sampler reads them
         assert static.live == 2 and sorted(static.rows[:2].tolist()) == [1, 3]
         with pytest.raises(ValueError, match="all .* cache columns are used"):
