@@ -167,12 +167,13 @@ def parse_value(text: str):
         return text
 
 
-def configs_for(args: argparse.Namespace, seed: int) -> dict:
+def configs_for(args: argparse.Namespace, seed: int, variants: list[str] | None = None) -> dict:
     from ac2_core.config import load_config
 
     base = {**BENCH_SIZE, **dict(args.set), "seed": seed}
     return {
-        v: load_config(args.config, {**base, **VARIANTS[v], "run_id": f"{v.replace('_', '-')}-s{seed}"}) for v in args.variants
+        v: load_config(args.config, {**base, **VARIANTS[v], "run_id": f"{v.replace('_', '-')}-s{seed}"})
+        for v in variants or args.variants
     }
 
 
@@ -525,6 +526,46 @@ def chunk_groups_on_solution(run_dir: Path) -> dict:
     }
 
 
+def credit_aim(run_dir: Path, chunk_tokens: int) -> dict:
+    """A DIAGNOSTIC for arith: where the critic's credit along whole answers put a failed
+    answer's blame. For each credited answer that failed after leaving the worked solution,
+    the share of its |A| (summed over tokens) on the segment where it first left, and on its
+    last segment; means over those answers. The oracle at lambda 0 puts all of it on the
+    slip's segment; a flat critic puts all of it on the last."""
+    from ac2_core import storage
+    from ac2_core.runner.layout import RunLayout
+
+    layout = RunLayout(str(run_dir))
+    on = worked_solution(layout)
+    if on is None:
+        return {}
+    on_slip, on_last = [], []
+    it = 1
+    while storage.exists(layout.output(it, "advantages")):
+        credited = {
+            a["chunk_id"]: a["token_advantages"]
+            for a in storage.read_rows(layout.output(it, "advantages"), kind="advantages")
+            if a["token_advantages"] and a["weight"] > 0
+        }
+        for c in storage.read_rows(layout.output(it, "scored_chunks"), kind="scored_chunks"):
+            credit, ids = credited.get(c["chunk_id"]), c["response_token_ids"]
+            if credit is None or (c["reward"] or 0.0) > 0 or on(c["problem_id"], ids):
+                continue
+            lo, hi = 0, len(ids)  # the shortest prefix off the solution: agreement only ever ends
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if on(c["problem_id"], ids[:mid]) else (lo, mid)
+            mass = [abs(x) for x in credit]
+            total = sum(mass)
+            if total > 0:
+                slip = (hi - 1) // chunk_tokens * chunk_tokens
+                last = (len(mass) - 1) // chunk_tokens * chunk_tokens
+                on_slip.append(sum(mass[slip : slip + chunk_tokens]) / total)
+                on_last.append(sum(mass[last:]) / total)
+        it += 1
+    return {"credit_answers": len(on_slip), "credit_on_slip": _mean(on_slip), "credit_on_last": _mean(on_last)}
+
+
 def bootstrap_ci(values: list[float], *, resamples: int = 10_000, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap interval of the median over ``values`` (the seeds)."""
     import numpy as np
@@ -667,6 +708,9 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     diag = {key: diagnose(Path(args.out) / f"seed{key[1]}" / key[0]) for key in runs}
+    for v, seed in runs:
+        chunk_tokens = configs_for(args, seed, [v])[v].rollout.chunk_tokens
+        diag[v, seed].update(credit_aim(Path(args.out) / f"seed{seed}" / v, chunk_tokens))
     grpo_tokens = {s: runs[v, s][-1]["cum_decode_tokens"] / runs[v, s][-1]["iteration"] for v, s in runs if v == args.reference}
 
     def med(v: str, field: str, spec: str) -> str:
@@ -714,6 +758,21 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
             f"| {v} | {med(v, 'chunk_start_off', '.2f')} | {med(v, 'chunk_mixed', '.2f')} | {med(v, 'chunk_within_auc', '.3f')}"
             f" | {med(v, 'chunk_abs_a_on_differ', '.3f')} | {med(v, 'chunk_abs_a_right', '.3f')} |"
             for v in on_solution
+        ]
+    credited = [v for v in variants if any(diag[k].get("credit_answers") for k in diag if k[0] == v)]
+    if credited:
+        lines += [
+            "",
+            "The critic's credit along whole answers (arith; a DIAGNOSTIC): of a credited answer that failed"
+            " after leaving the worked solution, the share of its |A| on the segment where it left, and on its"
+            " last segment (mean over such answers).",
+            "",
+            "| variant | answers | on the slip's segment | on the last segment |",
+            "|---|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {v} | {med(v, 'credit_answers', '.0f')} | {med(v, 'credit_on_slip', '.3f')} | {med(v, 'credit_on_last', '.3f')} |"
+            for v in credited
         ]
     lines += [
         "",
