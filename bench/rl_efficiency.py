@@ -891,6 +891,16 @@ def main(argv: list[str] | None = None) -> None:
             configs_for(args, s)
     except ConfigError as e:
         raise SystemExit(str(e)) from None
+    if (
+        not args.report_only
+        and args.reference not in args.variants
+        and not (Path(args.out) / f"seed{args.seeds[0]}" / args.reference).is_dir()
+    ):
+        # the report measures every run against the reference: found missing only after the runs, it would cost the report
+        raise SystemExit(
+            f"--reference {args.reference}: neither among --variants nor run under {args.out}; run it beside the"
+            " variants, or name the GRPO variant that is (e.g. --reference grpo_s2)"
+        )
     probe = configs_for(args, args.seeds[0])[args.variants[0]]
     args.val_answers = probe.task.val_size * probe.eval.samples_per_problem
     t0 = time.perf_counter()
