@@ -146,6 +146,16 @@ VARIANTS: dict[str, dict] = {
     "ac2_gate_age8_one_credit_s2": {"rollout.prefix_cut": "uncertain", **FLOOR, **AGE8, **ONE, **S2, **CREDIT},
     # ... and on the age-8 refreshes of 4 (the structure that paid with the oracle's credit, section 14)
     "ac2_gate_age8_credit_s2": {"rollout.prefix_cut": "uncertain", **FLOOR, **AGE8, **S2, **CREDIT},
+    # ... fitted 4x as long an iteration (32 head steps, not 8): does a value fitted harder commit after a slip,
+    # where it fell only from 0.42 to 0.22 (research log section 15)?
+    "ac2_gate_age8_credit_c32_s2": {
+        "rollout.prefix_cut": "uncertain",
+        **FLOOR,
+        **AGE8,
+        **S2,
+        **CREDIT,
+        "critic.steps_per_iteration": 32,
+    },
     # ... and with the gate off, its credit past the critic's warm-up everywhere, each segment also taking half of
     # the later segments' changes (GAE's lambda 0.5: a critic wrong about where an answer slipped misleads less)
     "ac2_floor_age8_credit_l05_s2": {**UNCERTAIN, **FLOOR, **AGE8, **S2, **CREDIT, "advantage.credit_lambda": 0.5},
