@@ -10,8 +10,9 @@ must teach the same thing under either algorithm. Under ``replay_rate`` a revisi
 problem's full-mode answers (one may be all it has) are measured against its replayed
 success rate instead (``math.replay_rate_advantages``). Under ``advantage.full_credit:
 critic`` a finished full-mode answer on a ready problem gets one advantage per token
-instead: each chunk of it the change in V it brought (``math.critic_credit``), read off
-the critic's out-of-sample predictions at its chunk boundaries (this iteration's pairs).
+instead, once the critic's warm-up is over: each chunk of it the change in V it brought
+(``math.critic_credit``), read off the critic's out-of-sample predictions at its chunk
+boundaries (this iteration's pairs).
 
 GRPO: group-normalized terminal rewards (``math.grpo_advantages``), weight 1, and an
 empty readiness table; under ``replay_rate`` its revisited problems' answers are measured
@@ -86,9 +87,9 @@ def advantages(
 
 def _credit_along(cfg: AC2Config, scored: list[dict], ready: set[str], pairs: Sequence[dict], graded: dict[str, dict]) -> None:
     """Give each finished, graded full-mode answer of a ready problem the critic's credit along
-    it: per-token advantages, the baseline ``V(s_0)`` and the advantage ``R - V(s_0)`` they sum
-    to over its segments. Its values are the pairs ``score_chunks`` made at the answer's cut
-    points (``replay.cut_points``)."""
+    it: per-token advantages, the baseline ``V(s_0)`` and the advantage ``R - V(s_0)`` (what they
+    sum to over its segments at ``advantage.credit_lambda`` 0). Its values are the pairs
+    ``score_chunks`` made at the answer's cut points (``replay.cut_points``)."""
     along = {(p["trajectory_id"], p["cut"]): p["prediction"] for p in pairs}
     for s in scored:
         row = graded.get(s["chunk_id"])
