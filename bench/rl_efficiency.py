@@ -718,9 +718,9 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     diag = {key: diagnose(Path(args.out) / f"seed{key[1]}" / key[0]) for key in runs}
+    chunk_tokens = {v: configs_for(args, seeds[0], [v])[v].rollout.chunk_tokens for v in variants}  # a seed changes no size
     for v, seed in runs:
-        chunk_tokens = configs_for(args, seed, [v])[v].rollout.chunk_tokens
-        diag[v, seed].update(credit_aim(Path(args.out) / f"seed{seed}" / v, chunk_tokens))
+        diag[v, seed].update(credit_aim(Path(args.out) / f"seed{seed}" / v, chunk_tokens[v]))
     grpo_tokens = {s: runs[v, s][-1]["cum_decode_tokens"] / runs[v, s][-1]["iteration"] for v, s in runs if v == args.reference}
 
     def med(v: str, field: str, spec: str) -> str:
