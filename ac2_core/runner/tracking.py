@@ -16,16 +16,26 @@ stage) to ``Trackers``, which logs each scalar at step = iteration:
 KFP's own UI shows the same scalars: ``evaluate``'s component logs them to a
 ``system.Metrics`` artifact (``components.io.log_figures``). Wall-clock seconds are logged
 here and never in an artifact, which stays byte-identical on a rerun.
+
+A Ctrl-C that lands while a tracker writes is raised once the write is done
+(``_interrupts_deferred``): TensorBoard's writer hands records to its own thread through a
+queue, and an interrupt between the queue's two bookkeeping steps kills that thread with a
+traceback. A second Ctrl-C is raised at once, so a hung tracker (an unreachable MLflow
+server) never holds the run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from ac2_core import storage
@@ -140,12 +150,41 @@ class Trackers:
 
     def log(self, row: dict, seconds: dict[str, float] | None = None) -> None:
         values = scalars(row, seconds)
-        for sink in self.sinks:
-            sink.log(int(row["iteration"]), values)
+        with _interrupts_deferred():
+            for sink in self.sinks:
+                sink.log(int(row["iteration"]), values)
 
     def close(self) -> None:
-        for sink in self.sinks:
-            sink.close()
+        with _interrupts_deferred():
+            for sink in self.sinks:
+                sink.close()
+
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """A Ctrl-C inside the block is raised as KeyboardInterrupt when the block ends; a second one at once.
+
+    Only where Python's own SIGINT handler is installed, in the main thread (the only one that
+    may change it); elsewhere the block runs as it is.
+    """
+    python_handles_it = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if threading.current_thread() is not threading.main_thread() or not python_handles_it:
+        yield
+        return
+    caught: list[int] = []
+
+    def hold(signum, frame):
+        if caught:
+            raise KeyboardInterrupt
+        caught.append(signum)
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if caught:
+        raise KeyboardInterrupt
 
 
 def _need(module: str, message: str) -> None:
