@@ -83,6 +83,7 @@ class Condition:
     # on the tokens it cannot yet predict (where a reference can tell what the problem alone does not) and less on
     # the many it already can; the cap keeps unpredictable ones (a slip in the answer) from taking over
     read_focus: float = 0.0
+    reference_match: bool = False  # critic.reference_match: the head also reads the answer's run along the reference
     note: str = ""
     overrides: dict = field(default_factory=dict)  # reserved for critic options of the library
 
@@ -138,6 +139,11 @@ CONDITIONS: dict[str, Condition] = {
     "surprise_dense_noref": Condition(dense=True, lr=3e-4, surprise=True, use_reference=False),
     "bootstrap_dense": Condition(dense=True, lr=3e-4, backbone="bootstrap", note="the bootstrap's critic (it read)"),
     "bootstrap_dense_noref": Condition(dense=True, lr=3e-4, backbone="bootstrap", use_reference=False),
+    # the toy's own critic (toy.yaml): the bootstrap's reading backbone with surprise, the head fitted alone
+    "library": Condition(dense=True, lr=3e-4, backbone="bootstrap", train_backbone=False, note="the toy config's critic"),
+    "library_match": Condition(
+        dense=True, lr=3e-4, backbone="bootstrap", train_backbone=False, reference_match=True, note="... matching the reference"
+    ),
 }
 CONDITIONS["surprise_frozen_readslip500+500_dense"] = replace(
     CONDITIONS["surprise_frozen_readslip500_dense"], read_steps=1000, read_continues=500, note="reads 500 steps more"
@@ -152,6 +158,7 @@ CONDITIONS |= {
         "surprise_frozen_readslip500_dense",
         "surprise_frozen_readslip500+500_dense",
         "surprise_frozen_readslip500focus2_dense",
+        "library",
     )
 }
 
@@ -332,12 +339,18 @@ def make_critic(cfg, actor, tok, answers: list[Answer], cond: Condition, seed: i
         from ac2_core.models.store import ModelStore
 
         critic = ModelStore(cfg).load(bootstrap_critic, kind="critic").model
+        if cond.reference_match:  # as a run's first fit gives it (update_critic)
+            critic = critic.with_reference_match(tok.convert_tokens_to_ids("<|ref|>"), tok.convert_tokens_to_ids("<|state|>"))
         return critic.train().to(device=next(actor.parameters()).device, dtype=torch.float32)
     backbone_src = actor
     if cond.read_steps:
         backbone_src = read_backbone(cfg, actor, tok, answers, cond, seed, cache)
-    state_id = tok.convert_tokens_to_ids("<|state|>") if cond.surprise else None
-    return Critic.from_actor(backbone_src, seed=seed, state_id=state_id).train().to(torch.float32)
+    ids = {
+        "state_id": tok.convert_tokens_to_ids("<|state|>") if cond.surprise or cond.reference_match else None,
+        "ref_id": tok.convert_tokens_to_ids("<|ref|>") if cond.reference_match else None,
+        "surprise": cond.surprise,
+    }
+    return Critic.from_actor(backbone_src, seed=seed, **ids).train().to(torch.float32)
 
 
 def read_backbone(cfg, actor, tok, answers: list[Answer], cond: Condition, seed: int, cache: Path):
@@ -525,7 +538,7 @@ def score(cfg, tok, critic, heldout: list[Answer], cond: Condition) -> dict:
     """V at every chunk boundary of every held-out answer, and the scores of those values."""
     import torch
 
-    values, outcomes, depth, has_ref = [], [], [], []
+    values, outcomes, depth, has_ref, left = [], [], [], [], []
     with torch.no_grad():
         for start in range(0, len(heldout), 128):
             part = heldout[start : start + 128]
@@ -538,10 +551,16 @@ def score(cfg, tok, critic, heldout: list[Answer], cond: Condition) -> dict:
                     outcomes.append(a.outcome)
                     depth.append(c)
                     has_ref.append(a.ref is not None)
-    return summarize(values, outcomes, depth, has_ref, cfg.rollout.chunk_tokens)
+                    left.append(cfg.task.name == "arith" and has_left(tok, a, c))
+    return summarize(values, outcomes, depth, has_ref, cfg.rollout.chunk_tokens, left if cfg.task.name == "arith" else None)
 
 
-def summarize(values, outcomes, depth, has_ref, chunk: int) -> dict:
+def has_left(tok, a: Answer, c: int) -> bool:
+    """Whether ``a``'s first ``c`` tokens have left its problem's worked solution (arith)."""
+    return not a.canonical.startswith(tok.decode(a.response[:c], skip_special_tokens=True))
+
+
+def summarize(values, outcomes, depth, has_ref, chunk: int, left: list[bool] | None = None) -> dict:
     from ac2_core.math.readiness import auc_error, binned_calibration_error
 
     def auc(sel):
@@ -552,7 +571,7 @@ def summarize(values, outcomes, depth, has_ref, chunk: int) -> dict:
     past = [d >= chunk for d in depth]
     succ = [v for v, o in zip(values, outcomes) if o >= 0.5]
     fail = [v for v, o in zip(values, outcomes) if o < 0.5]
-    return {
+    out = {
         "auc": auc([True] * len(values)),
         "auc_past": auc(past),
         "auc_past_ref": auc([p and r for p, r in zip(past, has_ref)]),
@@ -560,6 +579,11 @@ def summarize(values, outcomes, depth, has_ref, chunk: int) -> dict:
         "ece": binned_calibration_error(values, outcomes, n_bins=10),
         "states": len(values),
     }
+    if left is not None and any(left):  # arith: the states past a departure from the worked solution, with a reference
+        gone = [(v, o) for v, o, g, r in zip(values, outcomes, left, has_ref) if g and r]
+        out["v_left"] = statistics.fmean(v for v, _ in gone)  # what the critic says there
+        out["rate_left"] = statistics.fmean(o for _, o in gone)  # what a calibrated one would say
+    return out
 
 
 def token_losses(model, prefix: list[int], response: list[int]):
@@ -816,18 +840,24 @@ def report(records: list[dict], meta: dict, reproduce: str) -> str:
         "## Critics: condition x steps",
         "",
         "| condition | what it is | steps | AUC past 1st chunk, with ref | AUC past 1st chunk | AUC | gap | calibration error |"
-        " fitted states | device | load |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        " V after leaving the solution (its success rate) | fitted states | device | load |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for r in runs:
         cond = CONDITIONS.get(r["condition"])
         what = describe(cond) if cond else ""
         lines.append(
             f"| {r['condition']} | {what} | {r['steps']} | {r['auc_past_ref']:.3f} | {r['auc_past']:.3f} | {r['auc']:.3f} |"
-            f" {r['gap']:.3f} | {r['ece']:.3f} | {r['fitted_states']:,} | {r.get('device', 'cpu')} | {r.get('load', 0):.1f} |"
+            f" {r['gap']:.3f} | {r['ece']:.3f} | {_left(r)} | {r['fitted_states']:,} | {r.get('device', 'cpu')}"
+            f" | {r.get('load', 0):.1f} |"
         )
     lines += ["", MARKER, ""]
     return "\n".join(lines)
+
+
+def _left(r: dict) -> str:
+    """V on the states past a departure from the worked solution, and how often they succeed (arith; newer records)."""
+    return f"{r['v_left']:.3f} ({r['rate_left']:.3f})" if "v_left" in r else "-"
 
 
 def _predictor_row(r: dict) -> str:
@@ -853,8 +883,10 @@ def describe(c: Condition) -> str:
         parts.append(f"first fits V {c.prefit_steps} steps on graded slipped solutions (slip {c.prefit_slip:g})")
     if c.answers:
         parts.append(f"fits {c.answers:,} answers")
+    if c.reference_match:
+        parts.append("reads its run along the reference")
     if c.backbone == "bootstrap":
-        parts.append("the bootstrap's critic")
+        parts.append("the bootstrap's critic (as the config made it)")
     return ", ".join(parts)
 
 

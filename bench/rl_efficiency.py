@@ -64,6 +64,7 @@ ONE = {"rollout.full_group_size": 1, "advantage.full_groups": "replay_rate", "re
 # the critic's credit along whole answers (research log section 14): each chunk of a full-mode answer trained on
 # the change in V it brought, not on the answer's outcome
 CREDIT = {"advantage.full_credit": "critic"}
+MATCH = {"critic.reference_match": True}  # the value head also reads how the answer runs along its reference
 VARIANTS: dict[str, dict] = {
     "ac2": {},
     "ac2_oracle": ORACLE,
@@ -156,6 +157,12 @@ VARIANTS: dict[str, dict] = {
         **CREDIT,
         "critic.steps_per_iteration": 32,
     },
+    # ... with a critic that reads its run along the reference (critic.reference_match): does a value that commits
+    # after a slip (the critic bench: V after leaving the solution 0.07, where it succeeds 0.06) aim the credit as
+    # the oracle's does, and does the gate then admit more problems?
+    "ac2_gate_age8_credit_match_s2": {"rollout.prefix_cut": "uncertain", **FLOOR, **AGE8, **S2, **CREDIT, **MATCH},
+    # ... and with the gate off, as the oracle's arm runs
+    "ac2_floor_age8_credit_match_s2": {**UNCERTAIN, **FLOOR, **AGE8, **S2, **CREDIT, **MATCH},
     # ... and with the gate off, its credit past the critic's warm-up everywhere, each segment also taking half of
     # the later segments' changes (GAE's lambda 0.5: a critic wrong about where an answer slipped misleads less)
     "ac2_floor_age8_credit_l05_s2": {**UNCERTAIN, **FLOOR, **AGE8, **S2, **CREDIT, "advantage.credit_lambda": 0.5},

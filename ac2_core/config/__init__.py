@@ -357,6 +357,8 @@ class ActorConfig(Section):
 
 
 class CriticConfig(Section):
+    added_later = ("reference_match",)  # left out of the dump at their defaults (Section)
+
     kind: Literal["learned", "oracle"] = Field(
         "learned",
         description="learned: the critic model; oracle: a DIAGNOSTIC bound for task arith (V = 0 once the partial answer"
@@ -385,6 +387,11 @@ class CriticConfig(Section):
         description="the value head also reads the partial answer's surprise: the running largest and mean next-token"
         " loss of its tokens under the critic's own next-token head, given the problem and the reference",
     )
+    reference_match: bool = Field(
+        False,
+        description="the value head also reads how the partial answer runs along the reference: the length of the"
+        " answer's latest run of tokens the reference holds, and how many written tokens left it (needs use_reference)",
+    )
     train_backbone: bool = Field(
         True,
         description="update_critic trains the backbone with the value head; false trains the head alone (the backbone"
@@ -401,12 +408,19 @@ class CriticConfig(Section):
     )
 
     @model_validator(mode="after")
-    def _surprise_scores_in_torch(self) -> CriticConfig:
+    def _features_score_in_torch(self) -> CriticConfig:
         if self.surprise and self.scoring_backend == "vllm":
             raise ValueError(
                 "surprise reads the critic's next-token head, which the vllm pooling engine does not run;"
                 " set scoring_backend hf or surprise false"
             )
+        if self.reference_match and self.scoring_backend == "vllm":
+            raise ValueError(
+                "reference_match feeds the value head features the vllm pooling engine does not compute;"
+                " set scoring_backend hf or reference_match false"
+            )
+        if self.reference_match and not self.use_reference:
+            raise ValueError("reference_match reads the reference the critic is shown; it needs use_reference true")
         return self
 
 

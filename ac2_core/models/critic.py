@@ -10,6 +10,14 @@ of that loss beside the hidden state. A slip is a token the reference-conditione
 not expect: the evidence a grader looks at, which a value head fitted from scalar outcomes
 would otherwise have to rediscover (docs/algorithm.md, research log section 7).
 
+A critic that *matches the reference* (``critic.reference_match``) also reads, at each token of
+the partial answer, how far the answer's latest tokens run on along the reference: the length
+of the longest run ending there that the reference also holds, and how many of the written
+tokens so far ended a run shorter than ``MATCH_NGRAM`` (they left the reference). It is the copy
+circuit (an induction head) a pretrained LLM brings to a reference and a tiny backbone does not
+learn from scalar outcomes (research log section 16); the value head decides what leaving the
+reference is worth, since a correct answer may take another route than its reference.
+
 On disk a critic is an HF-style directory::
 
     config.json, model.safetensors   the backbone (``save_pretrained``)
@@ -45,25 +53,82 @@ SURPRISE_FEATURES = 3  # the running largest and mean next-token loss of the par
 SURPRISE_GAIN = 32.0
 
 
-def head_width(hidden_size: int, *, surprise: bool) -> int:
-    """Inputs of the value head: the hidden state, and the surprise features when the critic reads them."""
-    return hidden_size + (SURPRISE_FEATURES if surprise else 0)
+# log(1 + written tokens that left the reference), log(1 + the current run along it), 1: a reference is shown
+MATCH_FEATURES = 3
+MATCH_GAIN = SURPRISE_GAIN  # the same reason as surprise's: features of O(1) beside the hidden state
+MATCH_NGRAM = 4  # a written token is on the reference when the run ending at it is at least this long (or the whole answer)
+
+
+def head_width(hidden_size: int, *, surprise: bool, match: bool = False) -> int:
+    """Inputs of the value head: the hidden state, then the reference-match and the surprise features when
+    the critic reads them."""
+    return hidden_size + (MATCH_FEATURES if match else 0) + (SURPRISE_FEATURES if surprise else 0)
+
+
+def reference_match(input_ids: torch.Tensor, attention_mask: torch.Tensor, *, ref_id: int, state_id: int) -> torch.Tensor:
+    """(B, T, MATCH_FEATURES) float32 of critic inputs ``prompt <|ref|> reference <|state|> answer``.
+
+    At each answer position ``t``: log(1 + the answer tokens up to ``t`` that left the reference),
+    log(1 + the length of the longest run of answer tokens ending at ``t`` that occurs in the
+    reference), and 1. A token left the reference when that run is shorter than ``MATCH_NGRAM``
+    (or than the answer so far, at its start). Zeros before the answer, and on rows without a
+    reference (no ``ref_id`` before the ``state_id``).
+    """
+    mask = attention_mask.bool()
+    B, T = input_ids.shape
+    pos = torch.arange(T, device=input_ids.device)[None]  # (1, T)
+    is_state = input_ids.eq(state_id) & mask
+    if not bool(is_state.any(dim=1).all()):
+        raise ValueError(f"a critic that matches the reference needs the state separator (token {state_id}) in every row")
+    state = is_state.long().argmax(dim=1, keepdim=True)  # (B, 1)
+    is_ref = input_ids.eq(ref_id) & mask & (pos < state)
+    has_ref = is_ref.any(dim=1, keepdim=True)  # (B, 1)
+    ref = is_ref.long().argmax(dim=1, keepdim=True)  # (B, 1); 0 on rows without one (masked out below)
+    lengths = torch.where(has_ref, state - ref - 1, 0)  # (B, 1) reference tokens
+    width = max(int(lengths.max()), 1)
+    j = torch.arange(width, device=input_ids.device)[None]  # (1, R)
+    reference = input_ids.gather(1, (ref + 1 + j).clamp(max=T - 1))
+    reference = torch.where(j < lengths, reference, -1)  # (B, R); -1 never matches a token
+    written = (pos > state) & mask  # (B, T)
+    tokens = torch.where(written, input_ids, -2)
+    run = torch.zeros(B, width, dtype=torch.long, device=input_ids.device)  # run ending at each reference token
+    longest = torch.zeros(B, T, dtype=torch.long, device=input_ids.device)
+    for t in range(int(state.min()) + 1, T):  # runs along the diagonals: extend the run one token back, or end it
+        extended = torch.cat([run.new_zeros(B, 1), run[:, :-1]], dim=1) + 1
+        run = torch.where(tokens[:, t, None].eq(reference), extended, 0)
+        longest[:, t] = run.max(dim=1).values
+    count = written.long().cumsum(dim=1)  # answer tokens up to t
+    left = written & (longest < count.clamp(max=MATCH_NGRAM))
+    features = torch.stack(
+        [torch.log1p(left.long().cumsum(dim=1).float()), torch.log1p(longest.float()), torch.ones(B, T, device=input_ids.device)],
+        dim=-1,
+    )
+    return features * (written & has_ref)[..., None]
 
 
 class Critic(nn.Module):
     """``forward`` gives logits ``(B,)``; ``values`` gives ``V = sigmoid(logits)`` in (0, 1).
 
     With ``lm_head`` (and ``state_id``, the token that opens the partial answer) the value head
-    reads ``[hidden state, surprise features]``: see the module docstring.
+    reads the surprise features beside the hidden state, and with ``ref_id`` (and ``state_id``)
+    the reference-match features: ``[hidden state, match, surprise]``. See the module docstring.
     """
 
     def __init__(
-        self, backbone: PreTrainedModel, value_head: nn.Linear, *, lm_head: nn.Linear | None = None, state_id: int | None = None
+        self,
+        backbone: PreTrainedModel,
+        value_head: nn.Linear,
+        *,
+        lm_head: nn.Linear | None = None,
+        state_id: int | None = None,
+        ref_id: int | None = None,
     ):
         super().__init__()
-        if (lm_head is None) != (state_id is None):
-            raise ValueError("a critic with surprise needs both lm_head and state_id")
-        expected = head_width(backbone.config.hidden_size, surprise=lm_head is not None)
+        if state_id is None and (lm_head is not None or ref_id is not None):
+            raise ValueError("a critic with surprise or reference match needs state_id, the token that opens the answer")
+        if lm_head is None and ref_id is None and state_id is not None:
+            raise ValueError("a critic given state_id reads surprise (lm_head) or the reference match (ref_id)")
+        expected = head_width(backbone.config.hidden_size, surprise=lm_head is not None, match=ref_id is not None)
         if value_head.in_features != expected:
             raise ValueError(f"value head takes {value_head.in_features} inputs; this critic gives it {expected}")
         self.backbone = backbone
@@ -74,28 +139,59 @@ class Critic(nn.Module):
         if self.lm_head is not None:
             self.lm_head.requires_grad_(False)  # read, never trained: the value loss does not reach it
         self.state_id = state_id
+        self.ref_id = ref_id
 
     @property
     def surprise(self) -> bool:
         return self.lm_head is not None
 
+    @property
+    def match(self) -> bool:
+        return self.ref_id is not None
+
     @classmethod
-    def from_actor(cls, actor: PreTrainedModel, *, seed: int, state_id: int | None = None) -> Critic:
+    def from_actor(
+        cls,
+        actor: PreTrainedModel,
+        *,
+        seed: int,
+        state_id: int | None = None,
+        ref_id: int | None = None,
+        surprise: bool = True,
+    ) -> Critic:
         """A critic whose backbone is a copy of ``actor``'s; the actor is left untouched.
 
-        With ``state_id`` it is a critic with surprise, and keeps a copy of the actor's next-token head.
+        With ``state_id`` it is a critic with surprise (unless ``surprise=False``), and keeps a copy
+        of the actor's next-token head; with ``ref_id`` too, it matches the reference.
         """
         backbone = copy.deepcopy(actor.base_model)
-        lm_head = None if state_id is None else copy.deepcopy(actor.get_output_embeddings())
+        surprise = surprise and state_id is not None
+        lm_head = copy.deepcopy(actor.get_output_embeddings()) if surprise else None
+        width = head_width(backbone.config.hidden_size, surprise=surprise, match=ref_id is not None)
         with torch.random.fork_rng(devices=[]):  # leave the global RNG as it was
             torch.manual_seed(seed)
-            head = nn.Linear(head_width(backbone.config.hidden_size, surprise=state_id is not None), 1)
+            head = nn.Linear(width, 1)
         # Zero head: V = 0.5 on every input at first, an honest "don't know". A random
         # head would give input-dependent values that readiness would take for real
         # predictions. The weight still gets gradient (BCE grad times hidden state).
         nn.init.zeros_(head.weight)
         nn.init.zeros_(head.bias)
-        return cls(backbone, head, lm_head=lm_head, state_id=state_id).eval()
+        return cls(backbone, head, lm_head=lm_head, state_id=state_id, ref_id=ref_id).eval()
+
+    def with_reference_match(self, ref_id: int | None, state_id: int) -> Critic:
+        """This critic with (``ref_id``) or without (None) the reference match, and a zero value head.
+
+        For a critic whose head was never fitted (the bootstrap's, V = 0.5 everywhere): V stays
+        0.5, and the first fit learns the head the run's config names. ValueError on a fitted head.
+        """
+        if bool(self.value_head.weight.any()) or bool(self.value_head.bias.any()):
+            raise ValueError("a fitted value head keeps its inputs: only a zero head can gain or lose the reference match")
+        width = head_width(self.backbone.config.hidden_size, surprise=self.surprise, match=ref_id is not None)
+        head = nn.Linear(width, 1, device=self.value_head.weight.device, dtype=self.value_head.weight.dtype)
+        nn.init.zeros_(head.weight)
+        nn.init.zeros_(head.bias)
+        state_id = state_id if self.surprise or ref_id is not None else None
+        return Critic(self.backbone, head, lm_head=self.lm_head, state_id=state_id, ref_id=ref_id).train(self.training)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, every_position: bool = False) -> torch.Tensor:
         """input_ids, attention_mask: (B, T); left or right padded. Returns logits: (B,) float32,
@@ -106,8 +202,13 @@ class Critic(nn.Module):
         pass scores every state along an answer.
         """
         hidden = self._hidden(input_ids, attention_mask)  # (B, T, H)
+        features = [hidden.float()] if self.match or self.surprise else [hidden]
+        if self.match:
+            matched = reference_match(input_ids, attention_mask, ref_id=self.ref_id, state_id=self.state_id)
+            features.append(matched * MATCH_GAIN)
         if self.surprise:
-            hidden = torch.cat([hidden.float(), self._surprise(hidden, input_ids, attention_mask)], dim=-1)
+            features.append(self._surprise(hidden, input_ids, attention_mask))
+        hidden = torch.cat(features, dim=-1) if len(features) > 1 else hidden
         if every_position:
             if bool(attention_mask[:, 0].eq(0).any()):
                 raise ValueError("every_position needs right-padded inputs: a row starts with padding")
@@ -186,6 +287,14 @@ class Critic(nn.Module):
         }
         if self.surprise:
             meta["surprise"] = {"state_id": self.state_id, "features": SURPRISE_FEATURES, "gain": SURPRISE_GAIN}
+        if self.match:
+            meta["reference_match"] = {
+                "ref_id": self.ref_id,
+                "state_id": self.state_id,
+                "features": MATCH_FEATURES,
+                "ngram": MATCH_NGRAM,
+                "gain": MATCH_GAIN,
+            }
         (path / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         tokenizer.save_pretrained(path)
         return path
@@ -202,7 +311,7 @@ class Critic(nn.Module):
         """Load a directory written by ``save``; the critic comes back in eval mode."""
         path = check_safetensors_dir(path, ignore=(HEAD_FILE, LM_HEAD_FILE))
         meta = _read_meta(path)
-        surprise = meta.get("surprise")
+        surprise, match = meta.get("surprise"), meta.get("reference_match")
         needed = (HEAD_FILE, LM_HEAD_FILE) if surprise else (HEAD_FILE,)
         for name in needed:
             if not (path / name).is_file():
@@ -212,12 +321,18 @@ class Critic(nn.Module):
         )
         state = load_file(str(path / HEAD_FILE))
         hidden = backbone.config.hidden_size
-        width = head_width(hidden, surprise=bool(surprise))
+        width = head_width(hidden, surprise=bool(surprise), match=bool(match))
         if meta["hidden_size"] != hidden or tuple(state["weight"].shape) != (1, width):
             raise ValueError(
                 f"critic directory {path}: value head of shape {tuple(state['weight'].shape)} "
-                f"(critic.json hidden_size {meta['hidden_size']}, surprise {bool(surprise)}) does not fit a backbone"
-                f" of hidden size {hidden}: expected (1, {width})"
+                f"(critic.json hidden_size {meta['hidden_size']}, surprise {bool(surprise)}, reference_match"
+                f" {bool(match)}) does not fit a backbone of hidden size {hidden}: expected (1, {width})"
+            )
+        computed = (MATCH_FEATURES, MATCH_NGRAM, MATCH_GAIN)
+        if match and (match.get("features"), match.get("ngram"), match.get("gain")) != computed:
+            raise ValueError(
+                f"{path / META_FILE}: reference match of {match.get('features')} features, n-gram {match.get('ngram')}"
+                f" at gain {match.get('gain')}; this ac2 computes {MATCH_FEATURES}, {MATCH_NGRAM} at gain {MATCH_GAIN}"
             )
         if surprise and (surprise.get("features"), surprise.get("gain")) != (SURPRISE_FEATURES, SURPRISE_GAIN):
             raise ValueError(
@@ -236,8 +351,9 @@ class Critic(nn.Module):
                 )
             lm_head = nn.Linear(hidden, weight.shape[0], bias=False)
             lm_head.weight.data.copy_(weight)
-        state_id = surprise["state_id"] if surprise else None
-        return cls(backbone, head, lm_head=lm_head, state_id=state_id).eval(), load_tokenizer(path)
+        state_id = (surprise or match or {}).get("state_id")
+        ref_id = match["ref_id"] if match else None
+        return cls(backbone, head, lm_head=lm_head, state_id=state_id, ref_id=ref_id).eval(), load_tokenizer(path)
 
 
 def _read_meta(path: Path) -> dict:

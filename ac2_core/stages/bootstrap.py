@@ -108,7 +108,9 @@ def _progress_every(steps: int) -> int:
 
 def _initial_critic(cfg: AC2Config, actor, tok, rows: list[dict], log: Callable[[str], None]) -> Critic:
     """The actor's backbone, after ``critic.read_steps`` of reading, with a zero value head."""
-    state_id = special_ids(tok)["state"] if cfg.critic.surprise else None  # a critic with surprise keeps the next-token head
+    # a critic with surprise keeps the next-token head; the reference match is added by the first fit (update_critic), so
+    # one bootstrap serves runs with and without it
+    state_id = special_ids(tok)["state"] if cfg.critic.surprise else None
     if not cfg.critic.read_steps:
         return Critic.from_actor(actor, seed=cfg.seed, state_id=state_id)
     import copy

@@ -16,7 +16,8 @@ from ac2_core.config import AC2Config
 from ac2_core.math import critic_bce_loss
 from ac2_core.models.device import device_of
 from ac2_core.models.state import update_stats
-from ac2_core.models.store import ModelStore
+from ac2_core.models.store import Checkpoint, ModelStore
+from ac2_core.models.tokenizer import special_ids
 from ac2_core.stages import data_parallel
 from ac2_core.stages.common import Problems, StageStats, read, rng_for
 from ac2_core.stages.critic_io import CriticInputs
@@ -83,6 +84,21 @@ class CriticStats(StageStats):
     critic_hash: str
 
 
+def _match_as_configured(cfg: AC2Config, ckpt: Checkpoint) -> None:
+    """The critic's first fit gives its head the reference match when ``critic.reference_match`` asks, and
+    takes it away when not: the bootstrap makes its critic without, so one bootstrap serves both."""
+    critic = ckpt.model
+    if critic.match == cfg.critic.reference_match:
+        return
+    if ckpt.version != 0:
+        raise ValueError(
+            f"critic {ckpt.uri} was fitted {'with' if critic.match else 'without'} the reference match and"
+            f" critic.reference_match is {str(cfg.critic.reference_match).lower()}: a fitted value head keeps its inputs"
+        )
+    ids = special_ids(ckpt.tokenizer)
+    ckpt.model = critic.with_reference_match(ids["ref"] if cfg.critic.reference_match else None, ids["state"])
+
+
 @data_parallel.launches(STAGE, CriticStats)  # over training.num_processes processes, when more than one
 def run(
     cfg: AC2Config,
@@ -99,6 +115,7 @@ def run(
     store = store or ModelStore(cfg)
     ckpt = store.take(critic, kind="critic")
     ckpt.trained_tokens = 0
+    _match_as_configured(cfg, ckpt)
     builder = CriticInputs(cfg, ckpt.tokenizer, Problems.load(problems), read(replay, "replay"))
     examples = training_examples(cfg, builder, read(critic_pairs, "critic_pairs"), read(scored_chunks, "scored_chunks"))
     pad = ckpt.tokenizer.pad_token_id

@@ -23,9 +23,10 @@ from ac2_core.generation import generate
 from ac2_core.generation import vllm as vllm_backend
 from ac2_core.generation.hf import token_logprobs
 from ac2_core.generation.scoring import score_inputs
-from ac2_core.models.critic import Critic
+from ac2_core.models.critic import Critic, head_width
 from ac2_core.models.hf import load_model, save_model
 from ac2_core.models.store import Checkpoint, ModelStore
+from ac2_core.models.tokenizer import special_ids
 from ac2_core.runner import inprocess
 from ac2_core.runner.layout import RunLayout
 from ac2_core.stages.common import Problems, prompt_ids
@@ -326,3 +327,16 @@ def test_the_pooling_engine_refuses_a_critic_with_surprise_before_it_starts(vcfg
     assert critic.surprise
     with pytest.raises(ValueError, match="reads its surprise.*scoring_backend hf"):
         vllm_backend.score(folder, critic.value_head, [[5, 6, 7]], settings=vllm_backend.EngineSettings.from_config(vcfg))
+
+
+def test_the_pooling_engine_refuses_a_critic_that_matches_the_reference_before_it_starts(vcfg, _bootstrap_dir, tmp_path):
+    critic, tok = Critic.load(Path(_bootstrap_dir) / "critic")
+    ids = special_ids(tok)
+    head = torch.nn.Linear(head_width(critic.backbone.config.hidden_size, surprise=False, match=True), 1)
+    # no surprise: only the match stands in the engine's way
+    matching = Critic(critic.backbone, head, state_id=ids["state"], ref_id=ids["ref"])
+    matching.save(tmp_path / "critic", tok)
+    with pytest.raises(ValueError, match="run along the reference.*scoring_backend hf"):
+        vllm_backend.score(
+            tmp_path / "critic", matching.value_head, [[5, 6, 7]], settings=vllm_backend.EngineSettings.from_config(vcfg)
+        )

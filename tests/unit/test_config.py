@@ -79,6 +79,14 @@ def test_unknown_key_names_the_dotted_field(data, field):
             ["critic.surprise: surprise reads the critic's next-token head", "scoring_backend hf"],
         ),
         (
+            {"critic": {"reference_match": True, "use_reference": False}},
+            ["critic.reference_match: reference_match reads the reference", "needs use_reference true"],
+        ),
+        (
+            {"critic": {"reference_match": True, "scoring_backend": "vllm"}},
+            ["critic.reference_match: reference_match feeds the value head", "scoring_backend hf"],
+        ),
+        (
             {"advantage": {"std_floor": 0.1}},
             ["std_floor (0.1) bounds the std that scale_std divides by", "set scale_std true"],
         ),

@@ -11,7 +11,15 @@ import pytest
 import torch
 
 from ac2_core.config import TinyModelConfig
-from ac2_core.models.critic import SURPRISE_FEATURES, SURPRISE_GAIN, Critic, build_critic_input
+from ac2_core.models.critic import (
+    MATCH_FEATURES,
+    MATCH_GAIN,
+    SURPRISE_FEATURES,
+    SURPRISE_GAIN,
+    Critic,
+    build_critic_input,
+    reference_match,
+)
 from ac2_core.models.hf import ModelFormatError, load_model, load_tokenizer, save_model
 from ac2_core.models.tiny import build_tiny_model
 from ac2_core.models.tokenizer import SPECIAL_TOKENS, build_tokenizer, special_ids
@@ -283,3 +291,95 @@ def test_surprise_critic_directory_without_its_next_token_head_is_refused(model,
     (tmp_path / "critic" / "lm_head.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="lm_head.safetensors"):
         Critic.load(tmp_path / "critic")
+
+
+def _runs(features: torch.Tensor) -> tuple[list[int], list[int]]:
+    """(tokens that left the reference so far, the current run along it) of ``reference_match`` rows."""
+    left, run = torch.expm1(features[..., :2]).round().long().unbind(-1)
+    return left.tolist(), run.tolist()
+
+
+def test_reference_match_counts_the_answers_run_along_the_reference_and_the_tokens_that_left_it():
+    ref, state = 2, 3
+    reference = [10, 11, 12, 13, 14, 15, 16, 17, 18]
+    answer = [10, 11, 12, 13, 99, 15, 16, 17, 18, 19]  # leaves at 99; back on the reference 4 tokens later; 19 is not in it
+    x = torch.tensor([build_critic_input([5, 6], reference, answer, ref_id=ref, state_id=state, max_tokens=64)])
+    features = reference_match(x, torch.ones_like(x), ref_id=ref, state_id=state)[0]
+    head = len(x[0]) - len(answer)
+    left, run = _runs(features[head:])
+    assert run == [1, 2, 3, 4, 0, 1, 2, 3, 4, 0]
+    # a token whose run is shorter than MATCH_NGRAM (or the answer so far) left the reference: the slip and the three
+    # tokens after it, until a run of 4 holds again, then 19
+    assert left == [0, 0, 0, 0, 1, 2, 3, 4, 4, 5]
+    assert features[head:, 2].tolist() == [1.0] * len(answer)  # a reference is shown
+    assert torch.equal(features[:head], torch.zeros(head, MATCH_FEATURES))  # nothing of the answer written yet
+
+
+def test_reference_match_is_zero_without_a_reference_and_ignores_padding():
+    ref, state = 2, 3
+    with_ref = build_critic_input([5], [10, 11, 12], [10, 11, 12], ref_id=ref, state_id=state, max_tokens=32)
+    without = build_critic_input([5], None, [10, 11, 12], ref_id=ref, state_id=state, max_tokens=32)
+    ids = torch.zeros(2, len(with_ref), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    ids[0], mask[0] = torch.tensor(with_ref), 1
+    ids[1, : len(without)], mask[1, : len(without)] = torch.tensor(without), 1
+    features = reference_match(ids, mask, ref_id=ref, state_id=state)
+    assert features[1].abs().sum() == 0
+    left, run = _runs(features[0, -3:])
+    assert (left, run) == ([0, 0, 0], [1, 2, 3])  # a whole answer shorter than MATCH_NGRAM on the reference never left it
+
+
+def _match_critic(model, tokenizer, *, surprise: bool):
+    ids = special_ids(tokenizer)
+    critic = Critic.from_actor(model, seed=0, state_id=ids["state"], ref_id=ids["ref"], surprise=surprise)
+    with torch.no_grad():
+        critic.value_head.weight.copy_(torch.linspace(-1, 1, critic.value_head.in_features)[None] / 8)
+    return critic
+
+
+@pytest.mark.parametrize("surprise", [False, True])
+def test_match_critic_reads_its_features_survives_save_load_and_learns_their_weights(model, tokenizer, tmp_path, surprise):
+    critic = _match_critic(model, tokenizer, surprise=surprise)
+    hidden = model.config.hidden_size
+    assert critic.value_head.in_features == hidden + MATCH_FEATURES + (SURPRISE_FEATURES if surprise else 0)
+    assert critic.match and critic.surprise == surprise
+    on, off = (torch.tensor([_surprise_input(tokenizer, answer)]) for answer in ("1+2=3;#3", "1+2=4;#4"))
+    with torch.no_grad():
+        values = [critic(x, torch.ones_like(x), every_position=True)[0] for x in (on, off)]
+        features = reference_match(off, torch.ones_like(off), ref_id=critic.ref_id, state_id=critic.state_id)[0]
+        hidden_states = critic._hidden(off, torch.ones_like(off))[0]
+    # the head's logit is its weights over [hidden, match features x gain, surprise]: with the match part alone
+    # taken out, what is left is the same on both answers' shared prefix, and differs where the answers part
+    match_part = (features * MATCH_GAIN) @ critic.value_head.weight[0, hidden : hidden + MATCH_FEATURES]
+    hidden_part = hidden_states @ critic.value_head.weight[0, :hidden] + critic.value_head.bias
+    if not surprise:
+        assert torch.allclose(values[1], hidden_part + match_part, atol=1e-4)
+    assert not torch.allclose(values[0][-3:], values[1][-3:])
+    critic.save(tmp_path / "critic", tokenizer)
+    loaded, _ = Critic.load(tmp_path / "critic")
+    assert (loaded.match, loaded.surprise, loaded.ref_id, loaded.state_id) == (True, surprise, critic.ref_id, critic.state_id)
+    with torch.no_grad():
+        assert torch.equal(loaded(off, torch.ones_like(off), every_position=True)[0], values[1])
+    critic.train()
+    critic(off, torch.ones_like(off)).sum().backward()
+    assert critic.value_head.weight.grad[0, hidden : hidden + MATCH_FEATURES].abs().sum() > 0
+
+
+def test_match_critic_needs_the_state_separator_to_find_its_answer(model, tokenizer):
+    with pytest.raises(ValueError, match="needs state_id"):
+        Critic.from_actor(model, seed=0, ref_id=special_ids(tokenizer)["ref"])
+
+
+def test_an_unfitted_critic_gains_or_loses_the_reference_match_and_a_fitted_one_refuses(model, tokenizer):
+    ids = special_ids(tokenizer)
+    critic = Critic.from_actor(model, seed=0, state_id=ids["state"])  # surprise, no match: as the bootstrap makes it
+    matching = critic.with_reference_match(ids["ref"], ids["state"])
+    assert (matching.match, matching.surprise) == (True, True)
+    assert matching.value_head.in_features == critic.value_head.in_features + MATCH_FEATURES
+    x = torch.tensor([_surprise_input(tokenizer, "1+2=4;#4")])
+    with torch.no_grad():
+        assert torch.equal(matching.values(x, torch.ones_like(x)), torch.tensor([0.5]))  # a zero head: V as it was
+    back = matching.with_reference_match(None, ids["state"])
+    assert not back.match and back.value_head.in_features == critic.value_head.in_features
+    with pytest.raises(ValueError, match="a fitted value head keeps its inputs"):
+        _surprise_critic(model, tokenizer).with_reference_match(ids["ref"], ids["state"])
