@@ -543,12 +543,25 @@ def chunk_groups_on_solution(run_dir: Path) -> dict:
     }
 
 
-def credit_aim(run_dir: Path, chunk_tokens: int) -> dict:
+def departure(on, problem_id: str, ids: list[int]) -> int:
+    """The length of the shortest prefix of ``ids`` off the worked solution (``on``); agreement only ever ends."""
+    lo, hi = 0, len(ids)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if on(problem_id, ids[:mid]) else (lo, mid)
+    return hi
+
+
+def credit_aim(run_dir: Path, chunk_tokens: int, *, from_iteration: int = 5) -> dict:
     """A DIAGNOSTIC for arith: where the critic's credit along whole answers put a failed
     answer's blame. For each credited answer that failed after leaving the worked solution,
     the share of its |A| (summed over tokens) on the segment where it first left, and on its
     last segment; means over those answers. The oracle at lambda 0 puts all of it on the
-    slip's segment; a flat critic puts all of it on the last."""
+    slip's segment; a flat critic puts all of it on the last.
+
+    Also why: the critic's out-of-sample V at the cuts of finished full-mode answers (iterations
+    ``from_iteration`` on, past the critic's first fits): on successes, and on failed answers that
+    left the solution, up to the segment where they left and after it."""
     from ac2_core import storage
     from ac2_core.runner.layout import RunLayout
 
@@ -556,7 +569,7 @@ def credit_aim(run_dir: Path, chunk_tokens: int) -> dict:
     on = worked_solution(layout)
     if on is None:
         return {}
-    on_slip, on_last = [], []
+    on_slip, on_last, v_success, v_before, v_after = [], [], [], [], []
     it = 1
     while storage.exists(layout.output(it, "advantages")):
         credited = {
@@ -564,23 +577,36 @@ def credit_aim(run_dir: Path, chunk_tokens: int) -> dict:
             for a in storage.read_rows(layout.output(it, "advantages"), kind="advantages")
             if a["token_advantages"] and a["weight"] > 0
         }
+        values: dict[str, dict[int, float]] = {}
+        if it >= from_iteration:
+            for pair in storage.read_rows(layout.output(it, "critic_pairs"), kind="critic_pairs"):
+                values.setdefault(pair["trajectory_id"], {})[pair["cut"]] = pair["prediction"]
         for c in storage.read_rows(layout.output(it, "scored_chunks"), kind="scored_chunks"):
-            credit, ids = credited.get(c["chunk_id"]), c["response_token_ids"]
-            if credit is None or (c["reward"] or 0.0) > 0 or on(c["problem_id"], ids):
+            credit, ids, cuts = credited.get(c["chunk_id"]), c["response_token_ids"], values.get(c["chunk_id"], {})
+            whole = c["mode"] == "full" and c["finished"]
+            if (c["reward"] or 0.0) > 0:
+                v_success += list(cuts.values()) if whole else []
                 continue
-            lo, hi = 0, len(ids)  # the shortest prefix off the solution: agreement only ever ends
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                lo, hi = (mid, hi) if on(c["problem_id"], ids[:mid]) else (lo, mid)
-            mass = [abs(x) for x in credit]
+            if on(c["problem_id"], ids):
+                continue
+            slip = (departure(on, c["problem_id"], ids) - 1) // chunk_tokens * chunk_tokens
+            for cut, v in cuts.items() if whole else ():
+                (v_before if cut <= slip else v_after).append(v)
+            mass = [abs(x) for x in credit or []]
             total = sum(mass)
             if total > 0:
-                slip = (hi - 1) // chunk_tokens * chunk_tokens
                 last = (len(mass) - 1) // chunk_tokens * chunk_tokens
                 on_slip.append(sum(mass[slip : slip + chunk_tokens]) / total)
                 on_last.append(sum(mass[last:]) / total)
         it += 1
-    return {"credit_answers": len(on_slip), "credit_on_slip": _mean(on_slip), "credit_on_last": _mean(on_last)}
+    return {
+        "credit_answers": len(on_slip),
+        "credit_on_slip": _mean(on_slip),
+        "credit_on_last": _mean(on_last),
+        "v_success": _mean(v_success),
+        "v_before_slip": _mean(v_before),
+        "v_after_slip": _mean(v_after),
+    }
 
 
 def bootstrap_ci(values: list[float], *, resamples: int = 10_000, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
@@ -782,13 +808,18 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
             "",
             "The critic's credit along whole answers (arith; a DIAGNOSTIC): of a credited answer that failed"
             " after leaving the worked solution, the share of its |A| on the segment where it left, and on its"
-            " last segment (mean over such answers).",
+            " last segment (mean over such answers). Why: the critic's out-of-sample V at the cuts of finished"
+            " full-mode answers from iteration 5 on, on successes and, on failed answers that left the solution,"
+            " up to the segment where they left and after it (a calibrated V after a slip is about the share of such"
+            " answers that still succeed, well under 0.1 on the toy).",
             "",
-            "| variant | answers | on the slip's segment | on the last segment |",
-            "|---|---:|---:|---:|",
+            "| variant | answers | on the slip's segment | on the last segment | V on successes | V up to the slip"
+            " | V after it |",
+            "|---|---:|---:|---:|---:|---:|---:|",
         ]
         lines += [
-            f"| {v} | {med(v, 'credit_answers', '.0f')} | {med(v, 'credit_on_slip', '.3f')} | {med(v, 'credit_on_last', '.3f')} |"
+            f"| {v} | {med(v, 'credit_answers', '.0f')} | {med(v, 'credit_on_slip', '.3f')} | {med(v, 'credit_on_last', '.3f')}"
+            f" | {med(v, 'v_success', '.3f')} | {med(v, 'v_before_slip', '.3f')} | {med(v, 'v_after_slip', '.3f')} |"
             for v in credited
         ]
     lines += [
