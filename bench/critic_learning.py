@@ -148,6 +148,9 @@ CONDITIONS: dict[str, Condition] = {
 CONDITIONS["surprise_frozen_readslip500+500_dense"] = replace(
     CONDITIONS["surprise_frozen_readslip500_dense"], read_steps=1000, read_continues=500, note="reads 500 steps more"
 )
+CONDITIONS["surprise_frozen_readslip500_match_dense"] = replace(
+    CONDITIONS["surprise_frozen_readslip500_dense"], reference_match=True, note="... and reads its run along the reference"
+)
 CONDITIONS["surprise_frozen_readslip500focus2_dense"] = replace(
     CONDITIONS["surprise_frozen_readslip500_dense"], read_focus=2.0, note="reads where it cannot yet predict"
 )

@@ -163,6 +163,20 @@ VARIANTS: dict[str, dict] = {
     "ac2_gate_age8_credit_match_s2": {"rollout.prefix_cut": "uncertain", **FLOOR, **AGE8, **S2, **CREDIT, **MATCH},
     # ... and with the gate off, as the oracle's arm runs
     "ac2_floor_age8_credit_match_s2": {**UNCERTAIN, **FLOOR, **AGE8, **S2, **CREDIT, **MATCH},
+    # ... behind the gate without the credit along whole answers: chunk mode alone on the better critic (with the
+    # credit, trusting it on more problems slowed learning per iteration)
+    "ac2_gate_age8_match_s2": {"rollout.prefix_cut": "uncertain", **FLOOR, **AGE8, **S2, **MATCH},
+    # ... behind the gate, a revisited problem refreshing one whole answer measured against its replayed rate
+    # (section 13's cheapest structure): what the reference match buys where decoding is scarcest
+    "ac2_gate_age8_one_credit_match_s2": {
+        "rollout.prefix_cut": "uncertain",
+        **FLOOR,
+        **AGE8,
+        **ONE,
+        **S2,
+        **CREDIT,
+        **MATCH,
+    },
     # ... and with the gate off, its credit past the critic's warm-up everywhere, each segment also taking half of
     # the later segments' changes (GAE's lambda 0.5: a critic wrong about where an answer slipped misleads less)
     "ac2_floor_age8_credit_l05_s2": {**UNCERTAIN, **FLOOR, **AGE8, **S2, **CREDIT, "advantage.credit_lambda": 0.5},
