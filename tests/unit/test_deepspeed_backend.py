@@ -239,3 +239,24 @@ def test_a_critic_with_surprise_trains_under_deepspeed_and_leaves_its_next_token
         trainer.step([None], loss_fn)
     assert critic.value_head.weight[0, -SURPRISE_FEATURES:].abs().sum() > 0  # the surprise weights moved off zero
     assert torch.equal(critic.lm_head.weight.detach(), lm_before)
+
+
+def test_a_critic_that_matches_the_reference_trains_its_match_weights_under_deepspeed(tokenizer):
+    from ac2_core.models.critic import MATCH_FEATURES, Critic
+    from ac2_core.models.tokenizer import special_ids
+
+    ids_of = special_ids(tokenizer)
+    model = build_tiny_model(tokenizer, SMALL, seed=0).to(torch.bfloat16)
+    critic = Critic.from_actor(model, seed=0, state_id=ids_of["state"], ref_id=ids_of["ref"], surprise=False)
+    ids = _batches(tokenizer, 0)[0].clone()
+    ids[:, 0], ids[:, 2] = ids_of["ref"], ids_of["state"]  # a one-token reference, then the partial answer
+    targets = torch.tensor([0.0, 1.0])
+
+    def loss_fn(model, _):
+        return torch.nn.functional.binary_cross_entropy_with_logits(model(ids, torch.ones_like(ids)), targets), {}
+
+    trainer = deepspeed_backend.Trainer(critic, **HYPER, zero_stage=2)
+    for _ in range(2):
+        trainer.step([None], loss_fn)
+    hidden = critic.backbone.config.hidden_size
+    assert critic.value_head.weight[0, hidden : hidden + MATCH_FEATURES].abs().sum() > 0  # the match weights moved
