@@ -219,6 +219,18 @@ def test_a_bf16_critic_trains_though_deepspeed_casts_its_float32_head(tokenizer)
     assert critic.value_head.weight.abs().sum() > 0  # the head moved off zero
 
 
+def _fit_two_steps(critic, ids: torch.Tensor) -> None:
+    """Two ZeRO-2 steps of BCE on the two rows of ``ids``, one labelled a failure and one a success."""
+    targets = torch.tensor([0.0, 1.0])
+
+    def loss_fn(model, _):
+        return torch.nn.functional.binary_cross_entropy_with_logits(model(ids, torch.ones_like(ids)), targets), {}
+
+    trainer = deepspeed_backend.Trainer(critic, **HYPER, zero_stage=2)
+    for _ in range(2):
+        trainer.step([None], loss_fn)
+
+
 def test_a_critic_with_surprise_trains_under_deepspeed_and_leaves_its_next_token_head_alone(tokenizer):
     # the next-token head is frozen (read, never trained); ZeRO must train the rest around it
     from ac2_core.models.critic import SURPRISE_FEATURES, Critic
@@ -229,14 +241,7 @@ def test_a_critic_with_surprise_trains_under_deepspeed_and_leaves_its_next_token
     lm_before = critic.lm_head.weight.detach().clone()
     ids = _batches(tokenizer, 0)[0].clone()
     ids[:, 2] = state  # the partial answer starts after position 2 in both rows
-    targets = torch.tensor([0.0, 1.0])
-
-    def loss_fn(model, _):
-        return torch.nn.functional.binary_cross_entropy_with_logits(model(ids, torch.ones_like(ids)), targets), {}
-
-    trainer = deepspeed_backend.Trainer(critic, **HYPER, zero_stage=2)
-    for _ in range(2):
-        trainer.step([None], loss_fn)
+    _fit_two_steps(critic, ids)
     assert critic.value_head.weight[0, -SURPRISE_FEATURES:].abs().sum() > 0  # the surprise weights moved off zero
     assert torch.equal(critic.lm_head.weight.detach(), lm_before)
 
@@ -250,13 +255,6 @@ def test_a_critic_that_matches_the_reference_trains_its_match_weights_under_deep
     critic = Critic.from_actor(model, seed=0, state_id=ids_of["state"], ref_id=ids_of["ref"], surprise=False)
     ids = _batches(tokenizer, 0)[0].clone()
     ids[:, 0], ids[:, 2] = ids_of["ref"], ids_of["state"]  # a one-token reference, then the partial answer
-    targets = torch.tensor([0.0, 1.0])
-
-    def loss_fn(model, _):
-        return torch.nn.functional.binary_cross_entropy_with_logits(model(ids, torch.ones_like(ids)), targets), {}
-
-    trainer = deepspeed_backend.Trainer(critic, **HYPER, zero_stage=2)
-    for _ in range(2):
-        trainer.step([None], loss_fn)
+    _fit_two_steps(critic, ids)
     hidden = critic.backbone.config.hidden_size
     assert critic.value_head.weight[0, hidden : hidden + MATCH_FEATURES].abs().sum() > 0  # the match weights moved
