@@ -541,6 +541,7 @@ def score(cfg, tok, critic, heldout: list[Answer], cond: Condition) -> dict:
     """V at every chunk boundary of every held-out answer, and the scores of those values."""
     import torch
 
+    arith = cfg.task.name == "arith"  # only arith has a worked solution to leave
     values, outcomes, depth, has_ref, left = [], [], [], [], []
     with torch.no_grad():
         for start in range(0, len(heldout), 128):
@@ -554,8 +555,8 @@ def score(cfg, tok, critic, heldout: list[Answer], cond: Condition) -> dict:
                     outcomes.append(a.outcome)
                     depth.append(c)
                     has_ref.append(a.ref is not None)
-                    left.append(cfg.task.name == "arith" and has_left(tok, a, c))
-    return summarize(values, outcomes, depth, has_ref, cfg.rollout.chunk_tokens, left if cfg.task.name == "arith" else None)
+                    left.append(arith and has_left(tok, a, c))
+    return summarize(values, outcomes, depth, has_ref, cfg.rollout.chunk_tokens, left if arith else None)
 
 
 def has_left(tok, a: Answer, c: int) -> bool:
@@ -582,8 +583,9 @@ def summarize(values, outcomes, depth, has_ref, chunk: int, left: list[bool] | N
         "ece": binned_calibration_error(values, outcomes, n_bins=10),
         "states": len(values),
     }
-    if left is not None and any(left):  # arith: the states past a departure from the worked solution, with a reference
-        gone = [(v, o) for v, o, g, r in zip(values, outcomes, left, has_ref) if g and r]
+    # arith: the states past a departure from the worked solution, with a reference
+    gone = [(v, o) for v, o, g, r in zip(values, outcomes, left, has_ref) if g and r] if left is not None else []
+    if gone:
         out["v_left"] = statistics.fmean(v for v, _ in gone)  # what the critic says there
         out["rate_left"] = statistics.fmean(o for _, o in gone)  # what a calibrated one would say
     return out

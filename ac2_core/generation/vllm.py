@@ -312,23 +312,18 @@ def score(model_dir: str | Path, head, inputs: list[list[int]], *, settings: Eng
     """``V = sigmoid(head(h_last))`` for each input (token ids), ``h_last`` from the critic
     backbone in ``model_dir`` on the "score" engine; ``head`` is the critic's value head
     (``Critic.value_head``). Identical inputs are computed once; values in input order."""
-    import json
-
     import torch
 
     from ac2_core.generation.scoring import unique_inputs
-    from ac2_core.models.critic import LM_HEAD_FILE, META_FILE
+    from ac2_core.models.critic import read_meta
 
     # the config refuses these pairs; a checkpoint can still bring them
-    if (Path(model_dir) / LM_HEAD_FILE).exists():
-        raise ValueError(
-            f"critic {model_dir} reads its surprise, which the vllm pooling engine cannot compute; set critic.scoring_backend hf"
-        )
-    if "reference_match" in json.loads((Path(model_dir) / META_FILE).read_text()):
-        raise ValueError(
-            f"critic {model_dir} reads its run along the reference, which the vllm pooling engine does not compute;"
-            " set critic.scoring_backend hf"
-        )
+    meta = read_meta(Path(model_dir))
+    for feature, reads in (("surprise", "its surprise"), ("reference_match", "its run along the reference")):
+        if feature in meta:
+            raise ValueError(
+                f"critic {model_dir} reads {reads}, which the vllm pooling engine cannot compute; set critic.scoring_backend hf"
+            )
     from vllm.inputs import TokensPrompt
 
     llm = engine(model_dir, settings, role="score")

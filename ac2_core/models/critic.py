@@ -106,6 +106,20 @@ def reference_match(input_ids: torch.Tensor, attention_mask: torch.Tensor, *, re
     return features * (written & has_ref)[..., None]
 
 
+def _zero_head(width: int, *, seed: int = 0) -> nn.Linear:
+    """A value head of zeros: V = 0.5 on every input at first, an honest "don't know".
+
+    A random head would give input-dependent values that readiness would take for real
+    predictions. The weight still gets gradient (BCE grad times the head's inputs).
+    """
+    with torch.random.fork_rng(devices=[]):  # leave the global RNG as it was
+        torch.manual_seed(seed)
+        head = nn.Linear(width, 1)
+    nn.init.zeros_(head.weight)
+    nn.init.zeros_(head.bias)
+    return head
+
+
 class Critic(nn.Module):
     """``forward`` gives logits ``(B,)``; ``values`` gives ``V = sigmoid(logits)`` in (0, 1).
 
@@ -167,15 +181,7 @@ class Critic(nn.Module):
         backbone = copy.deepcopy(actor.base_model)
         surprise = surprise and state_id is not None
         lm_head = copy.deepcopy(actor.get_output_embeddings()) if surprise else None
-        width = head_width(backbone.config.hidden_size, surprise=surprise, match=ref_id is not None)
-        with torch.random.fork_rng(devices=[]):  # leave the global RNG as it was
-            torch.manual_seed(seed)
-            head = nn.Linear(width, 1)
-        # Zero head: V = 0.5 on every input at first, an honest "don't know". A random
-        # head would give input-dependent values that readiness would take for real
-        # predictions. The weight still gets gradient (BCE grad times hidden state).
-        nn.init.zeros_(head.weight)
-        nn.init.zeros_(head.bias)
+        head = _zero_head(head_width(backbone.config.hidden_size, surprise=surprise, match=ref_id is not None), seed=seed)
         return cls(backbone, head, lm_head=lm_head, state_id=state_id, ref_id=ref_id).eval()
 
     def with_reference_match(self, ref_id: int | None, state_id: int) -> Critic:
@@ -187,9 +193,7 @@ class Critic(nn.Module):
         if bool(self.value_head.weight.any()) or bool(self.value_head.bias.any()):
             raise ValueError("a fitted value head keeps its inputs: only a zero head can gain or lose the reference match")
         width = head_width(self.backbone.config.hidden_size, surprise=self.surprise, match=ref_id is not None)
-        head = nn.Linear(width, 1, device=self.value_head.weight.device, dtype=self.value_head.weight.dtype)
-        nn.init.zeros_(head.weight)
-        nn.init.zeros_(head.bias)
+        head = _zero_head(width).to(device=self.value_head.weight.device, dtype=self.value_head.weight.dtype)
         state_id = state_id if self.surprise or ref_id is not None else None
         return Critic(self.backbone, head, lm_head=self.lm_head, state_id=state_id, ref_id=ref_id).train(self.training)
 
@@ -202,13 +206,13 @@ class Critic(nn.Module):
         pass scores every state along an answer.
         """
         hidden = self._hidden(input_ids, attention_mask)  # (B, T, H)
-        features = [hidden.float()] if self.match or self.surprise else [hidden]
+        features = []  # beside the hidden state, in the order head_width counts them
         if self.match:
-            matched = reference_match(input_ids, attention_mask, ref_id=self.ref_id, state_id=self.state_id)
-            features.append(matched * MATCH_GAIN)
+            features.append(reference_match(input_ids, attention_mask, ref_id=self.ref_id, state_id=self.state_id) * MATCH_GAIN)
         if self.surprise:
             features.append(self._surprise(hidden, input_ids, attention_mask))
-        hidden = torch.cat(features, dim=-1) if len(features) > 1 else hidden
+        if features:
+            hidden = torch.cat([hidden.float(), *features], dim=-1)
         if every_position:
             if bool(attention_mask[:, 0].eq(0).any()):
                 raise ValueError("every_position needs right-padded inputs: a row starts with padding")
@@ -310,7 +314,7 @@ class Critic(nn.Module):
     ) -> tuple[Critic, PreTrainedTokenizerBase]:
         """Load a directory written by ``save``; the critic comes back in eval mode."""
         path = check_safetensors_dir(path, ignore=(HEAD_FILE, LM_HEAD_FILE))
-        meta = _read_meta(path)
+        meta = read_meta(path)
         surprise, match = meta.get("surprise"), meta.get("reference_match")
         needed = (HEAD_FILE, LM_HEAD_FILE) if surprise else (HEAD_FILE,)
         for name in needed:
@@ -356,7 +360,7 @@ class Critic(nn.Module):
         return cls(backbone, head, lm_head=lm_head, state_id=state_id, ref_id=ref_id).eval(), load_tokenizer(path)
 
 
-def _read_meta(path: Path) -> dict:
+def read_meta(path: Path) -> dict:
     try:
         meta = json.loads((path / META_FILE).read_text())
     except FileNotFoundError:
