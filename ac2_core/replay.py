@@ -32,8 +32,24 @@ def least_likely_cuts(logprobs: list[float], *, limit: int, n: int) -> list[int]
     A prefix cut right before such a token is where a group's continuations most often
     branch: each of them draws that token again. Ties go to the earlier position.
     """
-    positions = range(min(limit, len(logprobs)))
-    return sorted(positions, key=lambda p: (logprobs[p], p))[:n]
+    return _first_by(logprobs, limit=limit, n=n)
+
+
+def highest_entropy_cuts(entropies: list[float], *, limit: int, n: int) -> list[int]:
+    """The ``n`` positions below ``limit`` where the policy's next-token distribution had the
+    most entropy, highest first; ties go to the earlier position.
+
+    Unlike the least likely token, which is wherever the sampled answer happened to slip, this
+    is where the policy itself could go several ways (a forking token), whichever way the
+    trajectory went: a group's continuations cut there part as often as the policy is unsure.
+    """
+    return _first_by([-h for h in entropies], limit=limit, n=n)
+
+
+def _first_by(keys: list[float], *, limit: int, n: int) -> list[int]:
+    """The ``n`` positions below ``limit`` with the smallest keys, smallest first, ties to the earlier."""
+    positions = range(min(limit, len(keys)))
+    return sorted(positions, key=lambda p: (keys[p], p))[:n]
 
 
 def _newest_first(row: dict) -> tuple:

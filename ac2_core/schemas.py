@@ -60,7 +60,7 @@ PREFIXES = pa.schema(
         pa.field("prefix_token_ids", _tokens, nullable=False),
         pa.field("budget", pa.int32(), nullable=False),  # most tokens a continuation may add
         pa.field("ref_trajectory_id", pa.string()),  # reference solution for the critic, if any
-        pa.field("cut_scan_tokens", pa.int32()),  # tokens the actor read to place an uncertain cut; null at a boundary
+        pa.field("cut_scan_tokens", pa.int32()),  # tokens the actor read to place an uncertain or entropy cut; null at a boundary
         # a full-mode prefix trained against its problem's replayed success rate (advantage.full_groups:
         # replay_rate): that rate; null for every other prefix
         pa.field("baseline_rate", pa.float32()),

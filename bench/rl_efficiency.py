@@ -65,6 +65,9 @@ ONE = {"rollout.full_group_size": 1, "advantage.full_groups": "replay_rate", "re
 # the change in V it brought, not on the answer's outcome
 CREDIT = {"advantage.full_credit": "critic"}
 MATCH = {"critic.reference_match": True}  # the value head also reads how the answer runs along its reference
+# chunk-mode prefixes cut from answers that succeeded, right before the position where the actor's next-token
+# distribution has the most entropy (a forking token, research log section 17); the gate is the variant's
+FORK = {"rollout.prefix_cut": "entropy", "rollout.prefix_source": "success"}
 VARIANTS: dict[str, dict] = {
     "ac2": {},
     "ac2_oracle": ORACLE,
@@ -180,6 +183,10 @@ VARIANTS: dict[str, dict] = {
     # ... and with the gate off, its credit past the critic's warm-up everywhere, each segment also taking half of
     # the later segments' changes (GAE's lambda 0.5: a critic wrong about where an answer slipped misleads less)
     "ac2_floor_age8_credit_l05_s2": {**UNCERTAIN, **FLOOR, **AGE8, **S2, **CREDIT, "advantage.credit_lambda": 0.5},
+    # the forking toy (research log section 17): chunk groups continue a success from its most uncertain position,
+    # with the oracle (gate off) on the age-8 refreshes of 4 and on one-answer refreshes
+    "ac2_oracle_age8_fork_credit_s2": {**ORACLE, "readiness.gate": False, **FORK, **AGE8, **S2, **CREDIT},
+    "ac2_oracle_age8_one_fork_credit_s2": {**ORACLE, "readiness.gate": False, **FORK, **AGE8, **ONE, **S2, **CREDIT},
     # chunk-mode prefixes cut from successful answers (none start past a fatal slip), gate off
     "ac2_no_gate_success": {"readiness.gate": False, "rollout.prefix_source": "success"},
     # ... and chunk advantages divided by their group's std, as GRPO divides its rewards'

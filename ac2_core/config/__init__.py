@@ -220,11 +220,12 @@ class RolloutConfig(Section):
         description="trajectories chunk-mode prefixes are cut from: any replayed one, or only those that succeeded "
         "(replay.success_threshold) when the problem has any",
     )
-    prefix_cut: Literal["boundary", "uncertain"] = Field(
+    prefix_cut: Literal["boundary", "uncertain", "entropy"] = Field(
         "boundary",
-        description="where a chunk-mode prefix ends: at a chunk boundary of its trajectory, or right before the token "
-        "the current actor finds least likely there (where continuations branch most often; costs one forward pass "
-        "over the trajectory, counted as prefill)",
+        description="where a chunk-mode prefix ends: at a chunk boundary of its trajectory; right before the token "
+        "the current actor finds least likely there (uncertain); or right before the position where the current "
+        "actor's next-token distribution has the most entropy (entropy: a forking token, whichever way the "
+        "trajectory went). The last two cost one forward pass over the trajectory, counted as prefill",
     )
     prefix_max_age: int | None = Field(
         None,

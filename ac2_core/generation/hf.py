@@ -150,12 +150,14 @@ def _decode_batch(model, contexts, budget, *, eos_id, pad_id, generator, tempera
     return samples
 
 
-def token_logprobs(model, contexts: list[list[int]], responses: list[list[int]], *, pad_id: int, temperature: float):
-    """Log-probs of each response token given its context: (B, T) plus a (B, T) mask, on the model's device."""
+def _response_log_softmax(model, contexts: list[list[int]], responses: list[list[int]], *, pad_id: int, temperature: float):
+    """The model's next-token log-distribution at each response position and the response ids.
+
+    Returns ``(logp, ids, spans)``: ``logp`` (B, W - 1, V) over the padded sequences, the padded
+    ids (B, W) on the model's device, and each row's (start, length) of its response in ``logp``."""
     device = device_of(model)
     seqs = [c + r for c, r in zip(contexts, responses)]
     width = max(map(len, seqs))
-    T = max(map(len, responses))
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     attn = torch.zeros_like(ids)
     for i, s in enumerate(seqs):
@@ -163,11 +165,32 @@ def token_logprobs(model, contexts: list[list[int]], responses: list[list[int]],
         attn[i, : len(s)] = 1
     ids, attn = ids.to(device), attn.to(device)  # built on the CPU, one copy per micro-batch
     logits = model(input_ids=ids, attention_mask=attn).logits.float()
-    logp = torch.log_softmax(logits[:, :-1] / temperature, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-    out = torch.zeros((len(seqs), T), device=device)
-    mask = torch.zeros((len(seqs), T), device=device)
-    for i, (c, r) in enumerate(zip(contexts, responses)):
-        # the token at position p is predicted by the logits at p - 1
-        out[i, : len(r)] = logp[i, len(c) - 1 : len(c) - 1 + len(r)]
-        mask[i, : len(r)] = 1
+    logp = torch.log_softmax(logits[:, :-1] / temperature, dim=-1)
+    # the token at position p is predicted by the logits at p - 1
+    spans = [(len(c) - 1, len(r)) for c, r in zip(contexts, responses)]
+    return logp, ids, spans
+
+
+def _per_response_token(values: torch.Tensor, spans: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, W - 1) values laid out as (B, T) response positions, with a (B, T) mask."""
+    T = max(n for _, n in spans)
+    out = torch.zeros((len(spans), T), device=values.device)
+    mask = torch.zeros((len(spans), T), device=values.device)
+    for i, (start, n) in enumerate(spans):
+        out[i, :n] = values[i, start : start + n]
+        mask[i, :n] = 1
     return out, mask
+
+
+def token_logprobs(model, contexts: list[list[int]], responses: list[list[int]], *, pad_id: int, temperature: float):
+    """Log-probs of each response token given its context: (B, T) plus a (B, T) mask, on the model's device."""
+    logp, ids, spans = _response_log_softmax(model, contexts, responses, pad_id=pad_id, temperature=temperature)
+    return _per_response_token(logp.gather(-1, ids[:, 1:, None]).squeeze(-1), spans)
+
+
+def token_entropies(model, contexts: list[list[int]], responses: list[list[int]], *, pad_id: int, temperature: float):
+    """Entropy (nats) of the model's next-token distribution at each response position, whatever token
+    was written there: (B, T) plus a (B, T) mask, on the model's device. High where the model could go
+    several ways (a forking token), low where it writes what the context dictates."""
+    logp, _, spans = _response_log_softmax(model, contexts, responses, pad_id=pad_id, temperature=temperature)
+    return _per_response_token(-(logp.exp() * logp).sum(-1), spans)

@@ -96,7 +96,7 @@ ITERATION = (
         "sample_prefixes",
         inputs=(_boot("problems"), _prev("replay"), _prev("scored_chunks"), _prev("readiness"), _prev("actor")),
         outputs=("replay", "prefixes"),
-        models=True,  # rollout.prefix_cut uncertain reads the actor
+        models=True,  # rollout.prefix_cut uncertain or entropy reads the actor
     ),
     Stage(
         "generate_chunks",

@@ -13,6 +13,7 @@ from ac2_core.models.state import read_version
 from ac2_core.models.store import ModelStore
 from ac2_core.replay import (
     choose_reference,
+    highest_entropy_cuts,
     least_likely_cuts,
     merge_replay,
     pick_problems,
@@ -97,7 +98,7 @@ def run(
         for pid in chosen
         for plan in _plans(cfg, iteration, pid, by_problem[pid], ready, rng)
     ]
-    if cfg.rollout.prefix_cut == "uncertain":
+    if cfg.rollout.prefix_cut != "boundary":
         rows = _cut_where_uncertain(cfg, rows, merged, probs, actor, store or ModelStore(cfg))
     write(cfg, STAGE, out_replay, merged, "replay")
     prefix_hash = write(cfg, STAGE, out_prefixes, rows, "prefixes")
@@ -118,13 +119,19 @@ def _cut_where_uncertain(
     cfg: AC2Config, rows: list[dict], trajectories: list[dict], probs: Problems, actor: str, store: ModelStore
 ) -> list[dict]:
     """Move each chunk-mode prefix's end to right before the token of its trajectory that the
-    current actor finds least likely (the second prefix cut from one trajectory: its second
-    least likely token, and so on). Its continuations then all draw that token again, so they
-    branch there far more often than at a chunk boundary, where most of a sharp policy's
-    continuations are the same text (docs/algorithm.md, research log section 9)."""
+    current actor finds least likely (``rollout.prefix_cut: uncertain``), or to right before the
+    position where its next-token distribution has the most entropy (``entropy``); the second
+    prefix cut from one trajectory goes to the second such position, and so on. Its
+    continuations then all draw that token again, so they branch there far more often than at a
+    chunk boundary, where most of a sharp policy's continuations are the same text
+    (docs/algorithm.md, research log sections 9 and 17)."""
     import torch
 
-    from ac2_core.generation.hf import token_logprobs
+    from ac2_core.generation.hf import token_entropies, token_logprobs
+
+    score, rank = {"uncertain": (token_logprobs, least_likely_cuts), "entropy": (token_entropies, highest_entropy_cuts)}[
+        cfg.rollout.prefix_cut
+    ]
 
     by_id = {t["trajectory_id"]: t for t in trajectories}
     limit = cfg.rollout.max_response_tokens
@@ -136,16 +143,16 @@ def _cut_where_uncertain(
     tok = policy.tokenizer
     contexts = [prompt_ids(tok, probs[by_id[s]["problem_id"]]["prompt"]) for s in sources]
     answers = [by_id[s]["token_ids"][:limit] for s in sources]
-    logprobs: dict[str, list[float]] = {}
+    scores: dict[str, list[float]] = {}
     scanned = {s: len(c) + len(a) for s, c, a in zip(sources, contexts, answers)}
     step, kw = cfg.actor.micro_batch_size, dict(pad_id=tok.pad_token_id, temperature=cfg.rollout.temperature)
     with torch.no_grad():
         for i in range(0, len(sources), step):
-            lp, _ = token_logprobs(policy.model, contexts[i : i + step], answers[i : i + step], **kw)
-            for s, answer, row in zip(sources[i : i + step], answers[i : i + step], lp.cpu().tolist()):
-                logprobs[s] = row[: len(answer)]
+            values, _ = score(policy.model, contexts[i : i + step], answers[i : i + step], **kw)
+            for s, answer, row in zip(sources[i : i + step], answers[i : i + step], values.cpu().tolist()):
+                scores[s] = row[: len(answer)]
     # one problem's prefixes are the most cut from one trajectory
-    cuts = {s: least_likely_cuts(lp, limit=limit, n=cfg.rollout.prefixes_per_problem) for s, lp in logprobs.items()}
+    cuts = {s: rank(v, limit=limit, n=cfg.rollout.prefixes_per_problem) for s, v in scores.items()}
     taken: dict[str, int] = defaultdict(int)
     out = []
     for r in rows:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ac2_core import storage
-from ac2_core.generation.hf import token_logprobs
+from ac2_core.generation.hf import token_entropies, token_logprobs
 from ac2_core.math import attention_width, count_non_embedding_params, prefill_flops
 from ac2_core.models.store import ModelStore
 from ac2_core.runner import inprocess
@@ -471,7 +471,16 @@ def test_full_group_size_decodes_fewer_whole_answers_and_bills_the_full_rollouts
     assert modes == {"full", "chunk"}
 
 
-def test_uncertain_cuts_end_each_prefix_right_before_its_least_likely_token(run_dir):
+@pytest.mark.parametrize(
+    "prefix_cut, scorer, before",
+    [
+        ("uncertain", token_logprobs, lambda other, at: other < at),  # the least likely token first
+        ("entropy", token_entropies, lambda other, at: other > at),  # the most uncertain position first
+    ],
+)
+def test_uncertain_and_entropy_cuts_end_each_prefix_right_before_the_position_they_rank_first(
+    run_dir, prefix_cut, scorer, before
+):
     layout = RunLayout(str(run_dir))
     boundary = tiny_config()
     run_stages(boundary, layout, 1)
@@ -482,7 +491,7 @@ def test_uncertain_cuts_end_each_prefix_right_before_its_least_likely_token(run_
     assert chunked and all(len(p["prefix_token_ids"]) % boundary.rollout.chunk_tokens == 0 for p in chunked)
     assert all(p["cut_scan_tokens"] is None for p in at_boundaries)
 
-    cfg = tiny_config(rollout__prefix_cut="uncertain")
+    cfg = tiny_config(rollout__prefix_cut=prefix_cut)
     call.run(cfg)
     cut = rows(layout, 2, "prefixes")
     # the same problems, sources and modes: only where each chunk-mode prefix ends moves
@@ -499,13 +508,13 @@ def test_uncertain_cuts_end_each_prefix_right_before_its_least_likely_token(run_
         source = replay[p["source_trajectory_id"]]["token_ids"][:limit]
         prompt = prompt_ids(actor.tokenizer, probs[p["problem_id"]]["prompt"])
         with torch.no_grad():
-            lp, _ = token_logprobs(actor.model, [prompt], [source], pad_id=actor.tokenizer.pad_token_id, temperature=1.0)
-        lp = lp[0].tolist()
+            values, _ = scorer(actor.model, [prompt], [source], pad_id=actor.tokenizer.pad_token_id, temperature=1.0)
+        values = values[0].tolist()
         at = len(p["prefix_token_ids"])
         assert p["prefix_token_ids"] == source[:at]
-        # the first prefix cut from a trajectory ends before its least likely token, the second before the next
+        # the first prefix cut from a trajectory ends before the position ranked first, the second before the next
         rank = seen.setdefault(p["source_trajectory_id"], 0)
-        assert sum(x < lp[at] for x in lp) == rank
+        assert sum(before(x, values[at]) for x in values) == rank
         seen[p["source_trajectory_id"]] += 1
         assert p["budget"] == min(cfg.rollout.chunk_tokens, limit - at)
         assert p["cut_scan_tokens"] == (len(prompt) + len(source) if rank == 0 else None)  # one scan a trajectory

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import random
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 from ac2_core.config import TinyModelConfig
 from ac2_core.generation import generate
 from ac2_core.generation.decoders import DynamicCacheDecoder, StaticKVDecoder, decoder_for
-from ac2_core.generation.hf import _decode_batch
+from ac2_core.generation.hf import _decode_batch, token_entropies, token_logprobs
 from ac2_core.models.tiny import build_tiny_model
 from ac2_core.models.tokenizer import build_tokenizer
 
@@ -194,3 +195,25 @@ def test_static_cache_logits_of_alive_rows_equal_the_models_forward(heads, kv_he
         assert static.live == 2 and sorted(static.rows[:2].tolist()) == [1, 3]
         with pytest.raises(ValueError, match="all .* cache columns are used"):
             static.step(ids, alive)
+
+
+def test_token_entropies_are_the_expected_surprise_of_every_token_the_model_could_write(lm):
+    # At each response position the entropy is E_t[-log p(t)] over the whole vocabulary, which the
+    # log-probs of every one-token continuation give; it does not depend on the token written there.
+    model, tok = lm
+    context, written = _ids(tok, "12+34="), _ids(tok, "46;#46")
+    vocab = range(len(tok))
+    with torch.no_grad():
+        ent, mask = token_entropies(
+            model, [context, context[:3]], [written, written[:2]], pad_id=tok.pad_token_id, temperature=0.7
+        )
+        assert mask.tolist() == [[1.0] * len(written), [1.0] * 2 + [0.0] * (len(written) - 2)]
+        assert ent[1, 2:].abs().sum().item() == 0.0  # nothing past a row's response
+        for at in (0, 3):
+            ctx = context + written[:at]
+            lp, _ = token_logprobs(model, [ctx] * len(vocab), [[t] for t in vocab], pad_id=tok.pad_token_id, temperature=0.7)
+            expected = -(lp[:, 0].exp() * lp[:, 0]).sum().item()
+            assert ent[0, at].item() == pytest.approx(expected, rel=1e-5)
+            other, _ = token_entropies(model, [ctx], [[(written[at] + 1) % len(tok)]], pad_id=tok.pad_token_id, temperature=0.7)
+            assert other[0, 0].item() == pytest.approx(ent[0, at].item(), rel=1e-6)
+    assert 0 < ent[0].min().item() and ent[0].max().item() < math.log(len(tok))

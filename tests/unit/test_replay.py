@@ -11,6 +11,7 @@ from ac2_core.replay import (
     PlannedPrefix,
     choose_reference,
     cut_points,
+    highest_entropy_cuts,
     least_likely_cuts,
     merge_replay,
     pick_problems,
@@ -369,3 +370,12 @@ def test_least_likely_cuts_orders_by_log_prob_below_the_limit_with_ties_to_the_e
     assert least_likely_cuts(logprobs, limit=4, n=3) == [1, 3, 2]  # position 4 is past the limit
     assert least_likely_cuts(logprobs, limit=99, n=10) == [4, 1, 3, 2, 5, 0]  # no more cuts than tokens
     assert least_likely_cuts([], limit=4, n=1) == []
+
+
+def test_highest_entropy_cuts_orders_by_entropy_below_the_limit_with_ties_to_the_earlier():
+    entropies = [0.05, 0.7, 0.1, 0.7, 1.9, 0.0]
+    # by (-entropy, position): 1.9 at 4, 0.7 at 1 and 3 (the tie: 1 first), 0.1 at 2, 0.05 at 0, 0.0 at 5
+    assert highest_entropy_cuts(entropies, limit=6, n=3) == [4, 1, 3]
+    assert highest_entropy_cuts(entropies, limit=4, n=3) == [1, 3, 2]  # position 4 is past the limit
+    assert highest_entropy_cuts(entropies, limit=99, n=10) == [4, 1, 3, 2, 0, 5]  # no more cuts than tokens
+    assert highest_entropy_cuts([], limit=4, n=1) == []
