@@ -129,9 +129,11 @@ def _cut_where_uncertain(
 
     from ac2_core.generation.hf import token_entropies, token_logprobs
 
-    score, rank = {"uncertain": (token_logprobs, least_likely_cuts), "entropy": (token_entropies, highest_entropy_cuts)}[
-        cfg.rollout.prefix_cut
-    ]
+    match cfg.rollout.prefix_cut:
+        case "uncertain":
+            score, rank = token_logprobs, least_likely_cuts
+        case "entropy":
+            score, rank = token_entropies, highest_entropy_cuts
 
     by_id = {t["trajectory_id"]: t for t in trajectories}
     limit = cfg.rollout.max_response_tokens
