@@ -40,7 +40,7 @@ from rl_efficiency import key_value, worked_solution  # noqa: E402
 
 TOY = ROOT / "pipelines" / "configs" / "toy.yaml"
 RESULTS = ROOT / "bench" / "results" / "prefix_cuts.md"
-CUTS = ("boundary", "uncertain")
+CUTS = ("boundary", "uncertain", "entropy")
 SOURCES = ("any", "success")
 
 

@@ -187,6 +187,8 @@ VARIANTS: dict[str, dict] = {
     # with the oracle (gate off) on the age-8 refreshes of 4 and on one-answer refreshes
     "ac2_oracle_age8_fork_credit_s2": {**ORACLE, "readiness.gate": False, **FORK, **AGE8, **S2, **CREDIT},
     "ac2_oracle_age8_one_fork_credit_s2": {**ORACLE, "readiness.gate": False, **FORK, **AGE8, **ONE, **S2, **CREDIT},
+    # ... and the learned critic that reads its run along the reference, behind the gate, without the credit
+    "ac2_gate_age8_fork_match_s2": {**FORK, **FLOOR, **AGE8, **S2, **MATCH},
     # chunk-mode prefixes cut from successful answers (none start past a fatal slip), gate off
     "ac2_no_gate_success": {"readiness.gate": False, "rollout.prefix_source": "success"},
     # ... and chunk advantages divided by their group's std, as GRPO divides its rewards'
@@ -573,6 +575,40 @@ def departure(on, problem_id: str, ids: list[int]) -> int:
     return hi
 
 
+def fork_choices(run_dir: Path, *, span: int = 4) -> dict:
+    """A DIAGNOSTIC for arith: how often the whole answers take the misconception's fork
+    (``tasks.arith.trigger_choices``), over the run's first and last ``span`` iterations: the
+    misconceived share of the triggers reached on the worked solution, and the share of the
+    failed answers that left the solution there rather than by a slip."""
+    from ac2_core import storage
+    from ac2_core.models.tokenizer import load_tokenizer
+    from ac2_core.runner.layout import RunLayout
+    from ac2_core.tasks.arith import terms_of, trigger_choices
+
+    layout = RunLayout(str(run_dir))
+    if worked_solution(layout) is None:
+        return {}
+    prompts = {p["problem_id"]: p["prompt"] for p in storage.read_rows(layout.bootstrap("problems"), kind="problems")}
+    tokenizer = load_tokenizer(layout.bootstrap("actor"))
+    last = layout.completed_iterations()
+    out = {}
+    for name, its in (("start", range(1, span + 1)), ("end", range(max(last - span + 1, 1), last + 1))):
+        taken, reached, failed, by_fork = 0, 0, 0, 0
+        for it in its:
+            for c in storage.read_rows(layout.output(it, "scored_chunks"), kind="scored_chunks"):
+                if c["mode"] != "full" or c["reward"] is None:
+                    continue
+                text = tokenizer.decode(c["response_token_ids"], skip_special_tokens=True)
+                choices = trigger_choices(terms_of(prompts[c["problem_id"]]), text)
+                taken, reached = taken + sum(choices), reached + len(choices)
+                if c["reward"] < 1:
+                    failed += 1
+                    by_fork += bool(choices) and choices[-1]
+        out[f"fork_taken_{name}"] = taken / reached if reached else None
+        out[f"fork_failures_{name}"] = by_fork / failed if failed else None
+    return out
+
+
 def credit_aim(run_dir: Path, chunk_tokens: int, *, from_iteration: int = 5) -> dict:
     """A DIAGNOSTIC for arith: where the critic's credit along whole answers put a failed
     answer's blame. For each credited answer that failed after leaving the worked solution,
@@ -775,6 +811,7 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
     chunk_tokens = {v: configs_for(args, seeds[0], [v])[v].rollout.chunk_tokens for v in variants}  # a seed changes no size
     for v, seed in runs:
         diag[v, seed].update(credit_aim(Path(args.out) / f"seed{seed}" / v, chunk_tokens[v]))
+        diag[v, seed].update(fork_choices(Path(args.out) / f"seed{seed}" / v))
     grpo_tokens = {s: runs[v, s][-1]["cum_decode_tokens"] / runs[v, s][-1]["iteration"] for v, s in runs if v == args.reference}
 
     def med(v: str, field: str, spec: str) -> str:
@@ -842,6 +879,23 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
             f"| {v} | {med(v, 'credit_answers', '.0f')} | {med(v, 'credit_on_slip', '.3f')} | {med(v, 'credit_on_last', '.3f')}"
             f" | {med(v, 'v_success', '.3f')} | {med(v, 'v_before_slip', '.3f')} | {med(v, 'v_after_slip', '.3f')} |"
             for v in credited
+        ]
+    forked = [v for v in variants if any(diag[k].get("fork_taken_start") for k in diag if k[0] == v)]
+    if forked:
+        lines += [
+            "",
+            "The misconception's fork in the whole answers (arith; a DIAGNOSTIC): at the triggers an answer"
+            " reached on the worked solution (a term ending in 9 whose ones place carries), the share where it"
+            " dropped the carry; and the share of the failed answers that left the solution there rather than"
+            " by a slip. Over the first and the last 4 iterations.",
+            "",
+            "| variant | misconceived at a trigger, start → end | failures at the fork, start → end |",
+            "|---|---|---|",
+        ]
+        lines += [
+            f"| {v} | {med(v, 'fork_taken_start', '.3f')} → {med(v, 'fork_taken_end', '.3f')}"
+            f" | {med(v, 'fork_failures_start', '.3f')} → {med(v, 'fork_failures_end', '.3f')} |"
+            for v in forked
         ]
     lines += [
         "",

@@ -71,6 +71,27 @@ def misconceived(terms: list[int], *, rate: float, seed: int) -> bool:
     return bool(rate) and float(np.random.default_rng([seed, *terms]).random()) < rate
 
 
+def trigger_choices(terms: list[int], answer: str) -> list[bool]:
+    """What an answer wrote at each misconception trigger it reached while still on the worked
+    solution: True where it wrote the misconceived total (and so left the solution there), False
+    where it wrote the right one. It stops at the first step that leaves the solution, so a True
+    can only be last. A DIAGNOSTIC of how often a policy takes the misconception's fork; nothing
+    in a run reads it. A step is a trigger where ``misconceived_sum`` differs from the true sum."""
+    choices: list[bool] = []
+    total, at = terms[0], 0
+    for term in terms[1:]:
+        right = f"{total}+{term}={total + term};"
+        wrong = misconceived_sum(total, term)
+        if wrong != total + term and answer.startswith(right, at):
+            choices.append(False)
+        elif wrong != total + term and answer.startswith(f"{total}+{term}={wrong};", at):
+            return [*choices, True]
+        elif not answer.startswith(right, at):
+            return choices
+        total, at = total + term, at + len(right)
+    return choices
+
+
 def slipped_solution(terms: list[int], *, slip_rate: float, rng: np.random.Generator, misconceived: bool = False) -> str:
     """A worked solution as a careless person writes it: each step's result is, with
     probability ``slip_rate``, written with one digit wrong, and the later steps carry the

@@ -164,3 +164,17 @@ def test_misconceived_problems_come_at_the_rate_and_are_fixed_by_problem_and_see
     assert all(d for d, lo in zip(drawn, low) if lo) and sum(low) < sum(drawn)
     assert not any(arith.misconceived(t, rate=0.0, seed=1234) for t in problems)
     assert all(arith.misconceived(t, rate=1.0, seed=1234) for t in problems)
+
+
+def test_trigger_choices_record_each_fork_reached_on_the_solution_and_stop_where_the_answer_leaves():
+    # 149+39: the ones carry (9 + 9) is a trigger, right 188, misconceived 178; 188+5: no trigger;
+    # 193+29: a trigger (3 + 9 carries), right 222, misconceived 212
+    terms = [149, 39, 5, 29]
+    assert arith.solution_text(terms) == "149+39=188;188+5=193;193+29=222;#222"
+    assert arith.trigger_choices(terms, "149+39=188;188+5=193;193+29=222;#222") == [False, False]
+    assert arith.trigger_choices(terms, "149+39=188;188+5=193;193+29=212;#212") == [False, True]
+    assert arith.trigger_choices(terms, "149+39=178;178+5=183;183+29=212;#212") == [True]  # it left at the first
+    assert arith.trigger_choices(terms, "149+39=188;188+5=194;194+29=223;#223") == [False]  # a slip between them
+    assert arith.trigger_choices(terms, "149+39=198;198+5=203;") == []  # a slip at the trigger is no choice
+    assert arith.trigger_choices(terms, "149+39=188;188+5=193;193+2") == [False]  # unfinished before the second
+    assert arith.trigger_choices([140, 39, 5], "140+39=179;179+5=184;#184") == []  # no carry: no trigger
