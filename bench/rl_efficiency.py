@@ -187,8 +187,25 @@ VARIANTS: dict[str, dict] = {
     # with the oracle (gate off) on the age-8 refreshes of 4 and on one-answer refreshes
     "ac2_oracle_age8_fork_credit_s2": {**ORACLE, "readiness.gate": False, **FORK, **AGE8, **S2, **CREDIT},
     "ac2_oracle_age8_one_fork_credit_s2": {**ORACLE, "readiness.gate": False, **FORK, **AGE8, **ONE, **S2, **CREDIT},
+    # ... with 8-token chunks: the fork is the chunk's first token, and the oracle judges it within 8
+    "ac2_oracle_age8_one_fork_c8_credit_s2": {
+        **ORACLE,
+        "readiness.gate": False,
+        **FORK,
+        **AGE8,
+        **ONE,
+        **S2,
+        **CREDIT,
+        "rollout.chunk_tokens": 8,
+    },
     # ... and the learned critic that reads its run along the reference, behind the gate, without the credit
     "ac2_gate_age8_fork_match_s2": {**FORK, **FLOOR, **AGE8, **S2, **MATCH},
+    # ... on the one-answer refreshes, behind the gate and with it off
+    "ac2_gate_age8_one_fork_match_s2": {**FORK, **FLOOR, **AGE8, **ONE, **S2, **MATCH},
+    "ac2_floor_age8_one_fork_match_s2": {"readiness.gate": False, **FORK, **FLOOR, **AGE8, **ONE, **S2, **MATCH},
+    # GRPO's search on the forking toy, around its best setting of the old toy (two steps at lr 3e-5)
+    "grpo_skip_s2": {"algorithm": "grpo", "rollout.skip_solved_groups": 2, **S2},
+    "grpo_s2_lr5": {"algorithm": "grpo", **S2, "actor.lr": 5e-5},
     # chunk-mode prefixes cut from successful answers (none start past a fatal slip), gate off
     "ac2_no_gate_success": {"readiness.gate": False, "rollout.prefix_source": "success"},
     # ... and chunk advantages divided by their group's std, as GRPO divides its rewards'
