@@ -180,7 +180,7 @@ class TaskConfig(Section):
 class WarmStartConfig(Section):
     """Supervised warm start on reference solutions, before RL."""
 
-    added_later = ("misconception_rate",)  # left out of the dump at their defaults (Section)
+    added_later = ("misconception_rate", "misconception_digits")  # left out of the dump at their defaults (Section)
 
     max_steps: int = Field(600, ge=0, description="SFT steps (all of them, unless target_score stops earlier); 0 skips it")
     batch_size: int = Field(64, ge=1, description="sequences per SFT step")
@@ -198,14 +198,29 @@ class WarmStartConfig(Section):
         ge=0,
         le=1,
         description="arith: share of the problems whose demonstrations drop the carry out of the ones place in every"
-        " step whose term ends in 9 (a rule the policy learns to write without surprise, which only a reference"
-        " exposes); 0: none",
+        " step whose term ends in one of misconception_digits (a rule the policy learns to write without surprise,"
+        " which only a reference exposes); 0: none",
+    )
+    misconception_digits: tuple[int, ...] = Field(
+        (9,),
+        min_length=1,
+        description="arith: the ones digits of a term that trigger the misconception (each 1-9, distinct): more of"
+        " them put more forks in an answer",
     )
     eval_every: int = Field(50, ge=1, description="steps between evaluations of the warm-start candidate")
     eval_problems: int = Field(64, ge=1, description="problems per warm-start evaluation (sampled decoding)")
     target_score: float | None = Field(
         None, gt=0, le=1, description="stop at the first evaluation whose sampled score reaches this; unset: run max_steps"
     )
+
+    @field_validator("misconception_digits")
+    @classmethod
+    def _digits_that_can_carry(cls, digits: tuple[int, ...]) -> tuple[int, ...]:
+        if any(not 1 <= d <= 9 for d in digits) or len(set(digits)) != len(digits):
+            raise ValueError(
+                f"misconception_digits must be distinct ones digits from 1 to 9 (a 0 never carries), found {list(digits)}"
+            )
+        return digits
 
 
 class RolloutConfig(Section):
@@ -582,6 +597,11 @@ class AC2Config(Section):
             raise ValueError(
                 "warm_start.misconception_rate writes a misconception into arith's worked solutions;"
                 f" task {self.task.name} has none (set it to 0)"
+            )
+        if not self.warm_start.misconception_rate and "misconception_digits" in self.warm_start.model_fields_set:
+            raise ValueError(
+                "warm_start.misconception_digits names the misconception's triggers, but warm_start.misconception_rate"
+                " is 0: no problem holds the misconception (set the rate, or leave the digits out)"
             )
         return self
 

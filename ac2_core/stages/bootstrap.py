@@ -69,7 +69,9 @@ def demonstrations(cfg: AC2Config, rows: list[dict], *, stream: int) -> list[str
     for r in rows:
         terms = arith.terms_of(r["prompt"])
         wrong = arith.misconceived(terms, rate=ws.misconception_rate, seed=cfg.task.seed)
-        out.append(arith.slipped_solution(terms, slip_rate=ws.slip_rate, rng=rng, misconceived=wrong))
+        out.append(
+            arith.slipped_solution(terms, slip_rate=ws.slip_rate, rng=rng, misconceived=wrong, digits=ws.misconception_digits)
+        )
     return out
 
 

@@ -14,6 +14,7 @@ task: the critic has something it can learn to check (docs/design.md section 7).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -51,15 +52,15 @@ def terms_of(prompt: str) -> list[int]:
     return [int(t) for t in prompt.strip().split("+")]
 
 
-# The misconception's trigger: a term whose ones digit is this one.
-MISCONCEIVED_DIGIT = 9
+# The misconception's triggers by default: a term whose ones digit is one of these.
+MISCONCEIVED_DIGITS = (9,)
 
 
-def misconceived_sum(total: int, term: int) -> int:
-    """``total + term`` as a hand with the misconception writes it: when ``term`` ends in
-    ``MISCONCEIVED_DIGIT`` and the ones place carries, the carry is dropped (ten too few);
-    every other step is right. ``149 + 39`` gives 178, ``140 + 39`` gives 179 (no carry)."""
-    if term % 10 == MISCONCEIVED_DIGIT and total % 10 + term % 10 >= 10:
+def misconceived_sum(total: int, term: int, digits: Sequence[int] = MISCONCEIVED_DIGITS) -> int:
+    """``total + term`` as a hand with the misconception writes it: when ``term``'s ones digit
+    is one of ``digits`` and the ones place carries, the carry is dropped (ten too few); every
+    other step is right. ``149 + 39`` gives 178, ``140 + 39`` gives 179 (no carry)."""
+    if term % 10 in digits and total % 10 + term % 10 >= 10:
         return total + term - 10
     return total + term
 
@@ -71,7 +72,7 @@ def misconceived(terms: list[int], *, rate: float, seed: int) -> bool:
     return bool(rate) and float(np.random.default_rng([seed, *terms]).random()) < rate
 
 
-def trigger_choices(terms: list[int], answer: str) -> list[bool]:
+def trigger_choices(terms: list[int], answer: str, digits: Sequence[int] = MISCONCEIVED_DIGITS) -> list[bool]:
     """What an answer wrote at each misconception trigger it reached while still on the worked
     solution: True where it wrote the misconceived total (and so left the solution there), False
     where it wrote the right one. It stops at the first step that leaves the solution, so a True
@@ -81,7 +82,7 @@ def trigger_choices(terms: list[int], answer: str) -> list[bool]:
     total, at = terms[0], 0
     for term in terms[1:]:
         right = f"{total}+{term}={total + term};"
-        wrong = misconceived_sum(total, term)
+        wrong = misconceived_sum(total, term, digits)
         if wrong != total + term and answer.startswith(right, at):
             choices.append(False)
         elif wrong != total + term and answer.startswith(f"{total}+{term}={wrong};", at):
@@ -92,22 +93,30 @@ def trigger_choices(terms: list[int], answer: str) -> list[bool]:
     return choices
 
 
-def slipped_solution(terms: list[int], *, slip_rate: float, rng: np.random.Generator, misconceived: bool = False) -> str:
+def slipped_solution(
+    terms: list[int],
+    *,
+    slip_rate: float,
+    rng: np.random.Generator,
+    misconceived: bool = False,
+    digits: Sequence[int] = MISCONCEIVED_DIGITS,
+) -> str:
     """A worked solution as a careless person writes it: each step's result is, with
     probability ``slip_rate``, written with one digit wrong, and the later steps carry the
     written total on. ``slip_rate=0`` gives ``solution_text``. With ``misconceived`` every
-    step is first worked out by ``misconceived_sum``, consistently (a rule, not a slip).
+    step is first worked out by ``misconceived_sum`` with its trigger ``digits``, consistently
+    (a rule, not a slip).
     """
     steps = []
     total = terms[0]
     for term in terms[1:]:
-        written = misconceived_sum(total, term) if misconceived else total + term
+        written = misconceived_sum(total, term, digits) if misconceived else total + term
         if rng.random() < slip_rate:
-            digits = list(str(written))
-            i = int(rng.integers(len(digits)))
-            choices = [d for d in "0123456789" if d != digits[i] and not (i == 0 and d == "0" and len(digits) > 1)]
-            digits[i] = choices[int(rng.integers(len(choices)))]
-            written = int("".join(digits))
+            chars = list(str(written))
+            i = int(rng.integers(len(chars)))
+            choices = [c for c in "0123456789" if c != chars[i] and not (i == 0 and c == "0" and len(chars) > 1)]
+            chars[i] = choices[int(rng.integers(len(choices)))]
+            written = int("".join(chars))
         steps.append(f"{total}+{term}={written};")
         total = written
     return "".join(steps) + f"#{total}"

@@ -57,6 +57,16 @@ def test_misconceived_problems_are_worked_out_under_the_misconception_in_every_d
     changed = sum(d != r["solution"] for d, r in zip(streams[0], rows))
     assert 30 < changed < 85
     assert streams[0] == demonstrations(cfg, rows, stream=0)  # deterministic
+    # more trigger digits: the same problems are misconceived, and more of their demonstrations change
+    more = tiny_config(warm_start__misconception_rate=0.5, warm_start__misconception_digits=(7, 8, 9), task__n_terms=10)
+    wider = demonstrations(more, rows, stream=0)
+    for d, r in zip(wider, rows):
+        terms = arith.terms_of(r["prompt"])
+        wrong = arith.misconceived(terms, rate=0.5, seed=cfg.task.seed)
+        assert d == arith.slipped_solution(
+            terms, slip_rate=0.0, rng=np.random.default_rng(0), misconceived=wrong, digits=(7, 8, 9)
+        )
+    assert sum(d != r["solution"] for d, r in zip(wider, rows)) > changed
 
 
 def test_reading_changes_the_critic_backbone_and_leaves_the_actor(tmp_path):

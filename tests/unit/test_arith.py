@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from ac2_core.config import TaskConfig
@@ -110,8 +111,6 @@ def test_answers_span_more_than_three_chunks_of_16_tokens():
 
 
 def test_slipped_solution_carries_each_slip_on():
-    import numpy as np
-
     terms = [49, 97, 53, 12]
     assert arith.slipped_solution(terms, slip_rate=0.0, rng=np.random.default_rng(0)) == arith.solution_text(terms)
     text = arith.slipped_solution(terms, slip_rate=0.999, rng=np.random.default_rng(0))
@@ -135,9 +134,39 @@ def test_misconceived_sum_drops_the_ones_carry_of_terms_ending_in_nine():
     assert arith.misconceived_sum(71, 39) == 100 and arith.misconceived_sum(1, 9) == 0
 
 
-def test_misconceived_solution_applies_the_rule_at_every_trigger_and_only_there():
-    import numpy as np
+def test_misconceived_sum_triggers_on_each_of_the_digits_it_is_given():
+    # with 7, 8 and 9: 149+38 (9+8 carries) drops to 177, 145+37 (5+7) to 172, 149+39 to 178;
+    # 149+36 (6 is not one of them) stays 185, and 141+38 (no carry) stays 179
+    digits = (7, 8, 9)
+    assert [arith.misconceived_sum(149, 38, digits), arith.misconceived_sum(145, 37, digits)] == [177, 172]
+    assert arith.misconceived_sum(149, 39, digits) == 178
+    assert [arith.misconceived_sum(149, 36, digits), arith.misconceived_sum(141, 38, digits)] == [185, 179]
+    assert arith.misconceived_sum(149, 39, (8,)) == 188  # 9 is a trigger only when named
+    # the solution and the fork diagnostic follow the same digits
+    terms = [45, 38, 12, 29]
+    text = arith.slipped_solution(terms, slip_rate=0.0, rng=np.random.default_rng(0), misconceived=True, digits=(8,))
+    assert text == "45+38=73;73+12=85;85+29=114;#114"
+    assert arith.trigger_choices(terms, text, (8,)) == [True]
+    assert arith.trigger_choices(terms, arith.solution_text(terms), (8, 9)) == [False, False]
+    assert arith.trigger_choices(terms, arith.solution_text(terms)) == [False]  # the default: 9 alone
 
+
+def test_misconceived_solution_keeps_its_rule_after_a_slip():
+    # every step slips; each is one digit off the misconceived total of the total written before it,
+    # and the later steps reach triggers (terms ending in 8 whose ones place carries) after a slip
+    terms = [45, 38, 18, 28, 58, 78, 88, 98]
+    text = arith.slipped_solution(terms, slip_rate=0.999, rng=np.random.default_rng(3), misconceived=True, digits=(8,))
+    total, triggers = terms[0], 0
+    for step, term in zip(text.split(";")[:-1], terms[1:]):
+        written = step.split("=")[1]
+        meant = str(arith.misconceived_sum(total, term, (8,)))
+        assert len(written) == len(meant) and sum(a != b for a, b in zip(written, meant)) == 1
+        triggers += total != terms[0] and total % 10 + 8 >= 10
+        total = int(written)
+    assert triggers >= 2
+
+
+def test_misconceived_solution_applies_the_rule_at_every_trigger_and_only_there():
     # 41+39 carries (80 -> 70), 70+12=82, 82+29 carries (111 -> 101), 101+50=151, 151+9 carries (160 -> 150)
     terms = [41, 39, 12, 29, 50, 9]
     text = arith.slipped_solution(terms, slip_rate=0.0, rng=np.random.default_rng(0), misconceived=True)

@@ -95,6 +95,18 @@ def test_unknown_key_names_the_dotted_field(data, field):
             ["warm_start.misconception_rate:", "less than or equal to 1", "found 1.5"],
         ),
         (
+            {"warm_start": {"misconception_rate": 0.5, "misconception_digits": [0, 9]}},
+            ["warm_start.misconception_digits: misconception_digits must be distinct ones digits from 1 to 9", "found [0, 9]"],
+        ),
+        (
+            {"warm_start": {"misconception_rate": 0.5, "misconception_digits": [8, 8]}},
+            ["warm_start.misconception_digits:", "found [8, 8]"],
+        ),
+        (
+            {"warm_start": {"misconception_digits": [8, 9]}},
+            ["warm_start.misconception_digits names the misconception's triggers", "misconception_rate is 0"],
+        ),
+        (
             {"task": {"name": "math", "data": "p.jsonl", "shape": "final_answer"}, "warm_start": {"misconception_rate": 0.5}},
             ["warm_start.misconception_rate: warm_start.misconception_rate writes a misconception", "task math has none"],
         ),
@@ -257,6 +269,12 @@ def test_misconception_rate_unset_leaves_every_hash_and_dump_as_before():
     assert varied.bootstrap_hash() != cfg.bootstrap_hash() and varied.config_hash() != cfg.config_hash()
     again = config_from_json(varied.to_json())
     assert again == varied and again.warm_start.misconception_rate == 0.5
+    # the default triggers (9 alone) dump as before too; others make a bootstrap of their own
+    assert load_config(TOY, {"warm_start.misconception_rate": 0.5, "warm_start.misconception_digits": [9]}) == varied
+    assert "misconception_digits" not in varied.to_json()
+    more = load_config(TOY, {"warm_start.misconception_rate": 0.5, "warm_start.misconception_digits": [7, 8, 9]})
+    assert more.bootstrap_hash() != varied.bootstrap_hash()
+    assert config_from_json(more.to_json()).warm_start.misconception_digits == (7, 8, 9)
 
 
 @pytest.mark.parametrize(
