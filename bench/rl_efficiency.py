@@ -36,6 +36,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
@@ -592,11 +593,12 @@ def departure(on, problem_id: str, ids: list[int]) -> int:
     return hi
 
 
-def fork_choices(run_dir: Path, *, span: int = 4) -> dict:
+def fork_choices(run_dir: Path, digits: Sequence[int], *, span: int = 4) -> dict:
     """A DIAGNOSTIC for arith: how often the whole answers take the misconception's fork
     (``tasks.arith.trigger_choices``), over the run's first and last ``span`` iterations: the
     misconceived share of the triggers reached on the worked solution, and the share of the
-    failed answers that left the solution there rather than by a slip."""
+    failed answers that left the solution there rather than by a slip. ``digits``: the
+    misconception's trigger digits (``warm_start.misconception_digits``)."""
     from ac2_core import storage
     from ac2_core.models.tokenizer import load_tokenizer
     from ac2_core.runner.layout import RunLayout
@@ -616,7 +618,7 @@ def fork_choices(run_dir: Path, *, span: int = 4) -> dict:
                 if c["mode"] != "full" or c["reward"] is None:
                     continue
                 text = tokenizer.decode(c["response_token_ids"], skip_special_tokens=True)
-                choices = trigger_choices(terms_of(prompts[c["problem_id"]]), text)
+                choices = trigger_choices(terms_of(prompts[c["problem_id"]]), text, digits)
                 taken, reached = taken + sum(choices), reached + len(choices)
                 if c["reward"] < 1:
                     failed += 1
@@ -825,10 +827,10 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     diag = {key: diagnose(Path(args.out) / f"seed{key[1]}" / key[0]) for key in runs}
-    chunk_tokens = {v: configs_for(args, seeds[0], [v])[v].rollout.chunk_tokens for v in variants}  # a seed changes no size
+    cfgs = {v: configs_for(args, seeds[0], [v])[v] for v in variants}  # a seed changes no size and no task
     for v, seed in runs:
-        diag[v, seed].update(credit_aim(Path(args.out) / f"seed{seed}" / v, chunk_tokens[v]))
-        diag[v, seed].update(fork_choices(Path(args.out) / f"seed{seed}" / v))
+        diag[v, seed].update(credit_aim(Path(args.out) / f"seed{seed}" / v, cfgs[v].rollout.chunk_tokens))
+        diag[v, seed].update(fork_choices(Path(args.out) / f"seed{seed}" / v, cfgs[v].warm_start.misconception_digits))
     grpo_tokens = {s: runs[v, s][-1]["cum_decode_tokens"] / runs[v, s][-1]["iteration"] for v, s in runs if v == args.reference}
 
     def med(v: str, field: str, spec: str) -> str:
@@ -862,58 +864,53 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
             f" | {median_of(within)}"
             f" | {med(v, 'critic_gap', '.3f')} |"
         )
-    on_solution = [v for v in variants if any(diag[k].get("chunk_mixed") is not None for k in diag if k[0] == v)]
-    if on_solution:
-        lines += [
-            "",
-            "Chunk groups against the task's worked solution (arith; a DIAGNOSTIC, nothing here feeds a run):",
-            "",
-            "| variant | prefix already off the solution | continuations differ in staying on"
-            " | advantage ranks staying on above leaving, within those | share of |A| on those | of which points right |",
-            "|---|---:|---:|---:|---:|---:|",
-        ]
-        lines += [
-            f"| {v} | {med(v, 'chunk_start_off', '.2f')} | {med(v, 'chunk_mixed', '.2f')} | {med(v, 'chunk_within_auc', '.3f')}"
-            f" | {med(v, 'chunk_abs_a_on_differ', '.3f')} | {med(v, 'chunk_abs_a_right', '.3f')} |"
-            for v in on_solution
-        ]
-    credited = [v for v in variants if any(diag[k].get("credit_answers") for k in diag if k[0] == v)]
-    if credited:
-        lines += [
-            "",
-            "The critic's credit along whole answers (arith; a DIAGNOSTIC): of a credited answer that failed"
-            " after leaving the worked solution, the share of its |A| on the segment where it left, and on its"
-            " last segment (mean over such answers). Why: the critic's out-of-sample V at the cuts of finished"
-            " full-mode answers from iteration 5 on, on successes and, on failed answers that left the solution,"
-            " up to the segment where they left and after it (a calibrated V after a slip is about the share of such"
-            " answers that still succeed, well under 0.1 on the toy).",
-            "",
-            "| variant | answers | on the slip's segment | on the last segment | V on successes | V up to the slip"
-            " | V after it |",
-            "|---|---:|---:|---:|---:|---:|---:|",
-        ]
-        lines += [
-            f"| {v} | {med(v, 'credit_answers', '.0f')} | {med(v, 'credit_on_slip', '.3f')} | {med(v, 'credit_on_last', '.3f')}"
-            f" | {med(v, 'v_success', '.3f')} | {med(v, 'v_before_slip', '.3f')} | {med(v, 'v_after_slip', '.3f')} |"
-            for v in credited
-        ]
-    forked = [v for v in variants if any(diag[k].get("fork_taken_start") for k in diag if k[0] == v)]
-    if forked:
-        lines += [
-            "",
-            "The misconception's fork in the whole answers (arith; a DIAGNOSTIC): at the triggers an answer"
-            " reached on the worked solution (a term ending in 9 whose ones place carries), the share where it"
-            " dropped the carry; and the share of the failed answers that left the solution there rather than"
-            " by a slip. Over the first and the last 4 iterations.",
-            "",
-            "| variant | misconceived at a trigger, start → end | failures at the fork, start → end |",
-            "|---|---|---|",
-        ]
-        lines += [
+
+    def table(shown_by, intro: str, header: str, row) -> list[str]:
+        """A diagnostic table of the variants with a run whose diagnostics ``shown_by`` accepts; none without any."""
+        shown = [v for v in variants if any(shown_by(diag[k]) for k in diag if k[0] == v)]
+        if not shown:
+            return []
+        return ["", intro, "", header, "|---|" + "---:|" * header.count(" | "), *map(row, shown)]
+
+    lines += table(
+        lambda d: d.get("chunk_mixed") is not None,
+        "Chunk groups against the task's worked solution (arith; a DIAGNOSTIC, nothing here feeds a run):",
+        "| variant | prefix already off the solution | continuations differ in staying on"
+        " | advantage ranks staying on above leaving, within those | share of |A| on those | of which points right |",
+        lambda v: (
+            f"| {v} | {med(v, 'chunk_start_off', '.2f')} | {med(v, 'chunk_mixed', '.2f')}"
+            f" | {med(v, 'chunk_within_auc', '.3f')} | {med(v, 'chunk_abs_a_on_differ', '.3f')}"
+            f" | {med(v, 'chunk_abs_a_right', '.3f')} |"
+        ),
+    )
+    lines += table(
+        lambda d: d.get("credit_answers"),
+        "The critic's credit along whole answers (arith; a DIAGNOSTIC): of a credited answer that failed"
+        " after leaving the worked solution, the share of its |A| on the segment where it left, and on its"
+        " last segment (mean over such answers). Why: the critic's out-of-sample V at the cuts of finished"
+        " full-mode answers from iteration 5 on, on successes and, on failed answers that left the solution,"
+        " up to the segment where they left and after it (a calibrated V after a slip is about the share of such"
+        " answers that still succeed, well under 0.1 on the toy).",
+        "| variant | answers | on the slip's segment | on the last segment | V on successes | V up to the slip | V after it |",
+        lambda v: (
+            f"| {v} | {med(v, 'credit_answers', '.0f')} | {med(v, 'credit_on_slip', '.3f')}"
+            f" | {med(v, 'credit_on_last', '.3f')} | {med(v, 'v_success', '.3f')} | {med(v, 'v_before_slip', '.3f')}"
+            f" | {med(v, 'v_after_slip', '.3f')} |"
+        ),
+    )
+    lines += table(
+        lambda d: d.get("fork_taken_start") is not None,
+        "The misconception's fork in the whole answers (arith; a DIAGNOSTIC): at the triggers an answer"
+        " reached on the worked solution (a term whose ones digit is one of warm_start.misconception_digits"
+        " and whose ones place carries), the share where it"
+        " dropped the carry; and the share of the failed answers that left the solution there rather than"
+        " by a slip. Over the first and the last 4 iterations.",
+        "| variant | misconceived at a trigger, start → end | failures at the fork, start → end |",
+        lambda v: (
             f"| {v} | {med(v, 'fork_taken_start', '.3f')} → {med(v, 'fork_taken_end', '.3f')}"
             f" | {med(v, 'fork_failures_start', '.3f')} → {med(v, 'fork_failures_end', '.3f')} |"
-            for v in forked
-        ]
+        ),
+    )
     lines += [
         "",
         "Rows with signal: chunks the gate lets through with a non-zero advantage (a group whose"
