@@ -204,6 +204,17 @@ VARIANTS: dict[str, dict] = {
     # ... on the one-answer refreshes, behind the gate and with it off
     "ac2_gate_age8_one_fork_match_s2": {**FORK, **FLOOR, **AGE8, **ONE, **S2, **MATCH},
     "ac2_floor_age8_one_fork_match_s2": {"readiness.gate": False, **FORK, **FLOOR, **AGE8, **ONE, **S2, **MATCH},
+    # ... with the oracle arm's 8-token chunks (research log section 18): the fork is the chunk's first token
+    "ac2_floor_age8_one_fork_c8_match_s2": {
+        "readiness.gate": False,
+        **FORK,
+        **FLOOR,
+        **AGE8,
+        **ONE,
+        **S2,
+        **MATCH,
+        "rollout.chunk_tokens": 8,
+    },
     # GRPO's search on the forking toy, around its best setting of the old toy (two steps at lr 3e-5)
     "grpo_skip_s2": {"algorithm": "grpo", "rollout.skip_solved_groups": 2, **S2},
     "grpo_s2_lr5": {"algorithm": "grpo", **S2, "actor.lr": 5e-5},
