@@ -838,7 +838,7 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     diag = {key: diagnose(Path(args.out) / f"seed{key[1]}" / key[0]) for key in runs}
-    cfgs = {v: configs_for(args, seeds[0], [v])[v] for v in variants}  # a seed changes no size and no task
+    cfgs = configs_for(args, seeds[0], variants)  # a seed changes no size and no task
     for v, seed in runs:
         diag[v, seed].update(credit_aim(Path(args.out) / f"seed{seed}" / v, cfgs[v].rollout.chunk_tokens))
         diag[v, seed].update(fork_choices(Path(args.out) / f"seed{seed}" / v, cfgs[v].warm_start.misconception_digits))

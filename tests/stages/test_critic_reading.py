@@ -57,15 +57,14 @@ def test_misconceived_problems_are_worked_out_under_the_misconception_in_every_d
     changed = sum(d != r["solution"] for d, r in zip(streams[0], rows))
     assert 30 < changed < 85
     assert streams[0] == demonstrations(cfg, rows, stream=0)  # deterministic
-    # more trigger digits: the same problems are misconceived, and more of their demonstrations change
+    # more trigger digits: a demonstration is the worked solution (which takes no fork at a 7, 8 or 9) or
+    # leaves it at its first such trigger; every problem misconceived at a 9 still is, and more change
     more = tiny_config(warm_start__misconception_rate=0.5, warm_start__misconception_digits=(7, 8, 9), task__n_terms=10)
     wider = demonstrations(more, rows, stream=0)
-    for d, r in zip(wider, rows):
-        terms = arith.terms_of(r["prompt"])
-        wrong = arith.misconceived(terms, rate=0.5, seed=cfg.task.seed)
-        assert d == arith.slipped_solution(
-            terms, slip_rate=0.0, rng=np.random.default_rng(0), misconceived=wrong, digits=(7, 8, 9)
-        )
+    for d, narrow, r in zip(wider, streams[0], rows):
+        choices = arith.trigger_choices(arith.terms_of(r["prompt"]), d, (7, 8, 9))
+        assert (d == r["solution"] and True not in choices) or choices == [True]
+        assert narrow == r["solution"] or d != r["solution"]
     assert sum(d != r["solution"] for d, r in zip(wider, rows)) > changed
 
 

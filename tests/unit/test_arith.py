@@ -161,7 +161,7 @@ def test_misconceived_solution_keeps_its_rule_after_a_slip():
         written = step.split("=")[1]
         meant = str(arith.misconceived_sum(total, term, (8,)))
         assert len(written) == len(meant) and sum(a != b for a, b in zip(written, meant)) == 1
-        triggers += total != terms[0] and total % 10 + 8 >= 10
+        triggers += total != terms[0] and int(meant) != total + term  # a trigger reached after a slip
         total = int(written)
     assert triggers >= 2
 
