@@ -64,8 +64,9 @@ def _graded_whole_answer(t: dict) -> bool:
 def choose_reference(trajectories: Iterable[dict], *, exclude: str | None, success_threshold: float) -> str | None:
     """The latest successful finished trajectory of one problem, never ``exclude``.
 
-    ``exclude`` is the trajectory a chunk's prefix was cut from: showing the critic the
-    answer it is asked to judge would leak the outcome.
+    ``exclude`` is the trajectory a chunk's prefix was cut from. Its continuations are fresh
+    answers, so showing it leaks no outcome; ``critic.source_reference`` shows it where no
+    other success is there (``sample_prefixes``), and by default such a prefix has none.
     """
     ok = [
         t

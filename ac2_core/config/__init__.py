@@ -373,7 +373,7 @@ class ActorConfig(Section):
 
 
 class CriticConfig(Section):
-    added_later = ("reference_match",)  # left out of the dump at their defaults (Section)
+    added_later = ("reference_match", "source_reference")  # left out of the dump at their defaults (Section)
 
     kind: Literal["learned", "oracle"] = Field(
         "learned",
@@ -408,6 +408,12 @@ class CriticConfig(Section):
         description="the value head also reads how the partial answer runs along the reference: the length of the"
         " answer's latest run of tokens the reference holds, and how many written tokens left it (needs use_reference)",
     )
+    source_reference: bool = Field(
+        False,
+        description="a chunk-mode prefix whose problem has no other success in replay is shown the success it was"
+        " cut from as its reference (its continuations are fresh answers, so none is its own reference); false: such"
+        " a prefix has no reference",
+    )
     train_backbone: bool = Field(
         True,
         description="update_critic trains the backbone with the value head; false trains the head alone (the backbone"
@@ -437,6 +443,8 @@ class CriticConfig(Section):
             )
         if self.reference_match and not self.use_reference:
             raise ValueError("reference_match reads the reference the critic is shown; it needs use_reference true")
+        if self.source_reference and not self.use_reference:
+            raise ValueError("source_reference picks a reference to show the critic; it needs use_reference true")
         return self
 
 

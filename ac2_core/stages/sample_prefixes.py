@@ -208,6 +208,9 @@ def _plans(cfg: AC2Config, iteration: int, pid: str, trajectories: list[dict], r
             ref = choose_reference(
                 trajectories, exclude=plan.source_trajectory_id, success_threshold=cfg.replay.success_threshold
             )
+            if ref is None and plan.mode == "chunk" and cfg.critic.source_reference:
+                # the only success may be the source itself (research log, section 19)
+                ref = choose_reference(trajectories, exclude=None, success_threshold=cfg.replay.success_threshold)
         yield {
             "prefix_id": f"{pid}-i{iteration:05d}-p{k}",
             "problem_id": pid,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -531,3 +532,28 @@ def test_uncertain_and_entropy_cuts_end_each_prefix_right_before_the_position_th
     shape = dict(n_params=count_non_embedding_params(actor.model), n_layers=n_layers, d_attn=d_attn)
     scans = sum(prefill_flops(**shape, n_tokens=p["cut_scan_tokens"]) for p in cut if p["cut_scan_tokens"])
     assert scans > 0 and billed - without == pytest.approx(scans)
+
+
+
+def test_source_reference_shows_a_chunk_prefix_with_no_other_success_the_success_it_was_cut_from():
+    def answer(tid, reward, it=1):
+        return dict(run_id="r", iteration=it, policy_version=it - 1, trajectory_id=tid, problem_id="p",
+                    source_trajectory_id=None, token_ids=list(range(40)), finished=True, reward=reward)  # fmt: skip
+
+    def refs(trajectories, **overrides):
+        cfg = tiny_config(rollout__prefix_source="success", **overrides)
+        plans = sample_prefixes._plans(cfg, 2, "p", trajectories, {"p"}, np.random.default_rng(0))
+        return [(p["mode"], p["source_trajectory_id"], p["ref_trajectory_id"]) for p in plans]
+
+    one_success = [answer("won", 1.0), answer("lost", 0.0)]
+    # by default a prefix cut from a problem's only success has no reference: the critic would see its source
+    assert {r[:2] for r in refs(one_success)} == {("chunk", "won")}
+    assert {r[2] for r in refs(one_success)} == {None}
+    # with source_reference it is shown that success, the one it was cut from
+    assert {r[2] for r in refs(one_success, critic__source_reference=True)} == {"won"}
+    # where another success is there, that one is shown, as before
+    two = [*one_success, answer("won-later", 1.0, it=2)]
+    shown = refs(two, critic__source_reference=True)
+    assert shown == refs(two) and all(ref != source and ref in ("won", "won-later") for _, source, ref in shown)
+    # with no success at all a prefix is cut from a failure and no reference is shown
+    assert {r[2] for r in refs([answer("lost", 0.0)], critic__source_reference=True)} == {None}
