@@ -21,7 +21,8 @@ every stage but ``evaluate`` (critic scoring and training included). GRPO is the
 
 Runs are resumable: the per-iteration records live under --out, and a variant run
 later (an ablation) is compared with the GRPO runs already there. The tables and the
-plot are rebuilt from every record under --out. Text below the analysis marker of the
+plot are rebuilt from every record under --out, each run to the invocation's
+``run.iterations`` (a run taken further by a later invocation is cut there). Text below the analysis marker of the
 results file is kept when the tables are rewritten. Not a test: wall times depend on
 the machine's load; FLOPs and scores do not.
 """
@@ -36,7 +37,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
@@ -214,6 +215,18 @@ VARIANTS: dict[str, dict] = {
         **S2,
         **MATCH,
         "rollout.chunk_tokens": 8,
+    },
+    # ... shown the success its prefix was cut from where the problem has no other (research log section 19): a
+    # quarter of the 16-token arm's chunk groups had no reference, and there its advantages ranked at chance
+    "ac2_floor_age8_one_fork_srcref_match_s2": {
+        "readiness.gate": False,
+        **FORK,
+        **FLOOR,
+        **AGE8,
+        **ONE,
+        **S2,
+        **MATCH,
+        "critic.source_reference": True,
     },
     # GRPO's search on the forking toy, around its best setting of the old toy (two steps at lr 3e-5)
     "grpo_skip_s2": {"algorithm": "grpo", "rollout.skip_solved_groups": 2, **S2},
@@ -450,7 +463,7 @@ def headline(runs: dict, window: int, reference: str = "grpo") -> tuple[dict, di
     return peaks, ratios
 
 
-def diagnose(run_dir: Path) -> dict:
+def diagnose(run_dir: Path, upto: int | None = None) -> dict:
     """Where a run's decoding and learning signal went, from its stage artifacts.
 
     Token counts are the chunks' own tokens (prefixes excluded). A row carries signal when
@@ -464,12 +477,12 @@ def diagnose(run_dir: Path) -> dict:
     from ac2_core.math.readiness import auc_error
     from ac2_core.runner.layout import RunLayout
 
-    layout, it = RunLayout(str(run_dir)), 1
+    layout = RunLayout(str(run_dir))
     tokens = {"full": 0, "chunk": 0}
     signal_tokens, rows, signal_rows, chunk_rows, chunk_finished = 0, 0, 0, 0, 0
     abs_adv: dict[str, list[float]] = {"full": [], "chunk": []}
     preds, outs = [], []
-    while storage.exists(layout.output(it, "advantages")):
+    for it in published(layout, upto):
         scored = {r["chunk_id"]: r for r in storage.read_rows(layout.output(it, "scored_chunks"), kind="scored_chunks")}
         lengths = {c["chunk_id"]: len(c["token_ids"]) for c in storage.read_rows(layout.output(it, "chunks"), kind="chunks")}
         for a in storage.read_rows(layout.output(it, "advantages"), kind="advantages"):
@@ -489,10 +502,9 @@ def diagnose(run_dir: Path) -> dict:
             for p in storage.read_rows(layout.output(it, "critic_pairs"), kind="critic_pairs"):
                 preds.append(p["prediction"])
                 outs.append(p["outcome"])
-        it += 1
     total = tokens["full"] + tokens["chunk"]
     preds_a, outs_a = np.asarray(preds), np.asarray(outs)
-    on_solution = chunk_groups_on_solution(run_dir)
+    on_solution = chunk_groups_on_solution(run_dir, upto)
     won = outs_a >= 0.5
     return {
         "chunk_token_share": tokens["chunk"] / total if total else 0.0,
@@ -505,6 +517,16 @@ def diagnose(run_dir: Path) -> dict:
         "critic_gap": float(preds_a[won].mean() - preds_a[~won].mean()) if won.any() and (~won).any() else None,
         **on_solution,
     }
+
+
+def published(layout, upto: int | None = None) -> Iterator[int]:
+    """The iterations 1, 2, ... a run has published, to ``upto`` (all without)."""
+    from ac2_core import storage
+
+    it = 1
+    while (upto is None or it <= upto) and storage.exists(layout.output(it, "advantages")):
+        yield it
+        it += 1
 
 
 def worked_solution(layout):
@@ -522,11 +544,14 @@ def worked_solution(layout):
     return lambda pid, ids: agrees(problems[pid]["solution"], tokenizer.decode(ids, skip_special_tokens=True))
 
 
-def solution_groups(run_dir: Path) -> list[list[dict]]:
+def solution_groups(run_dir: Path, upto: int | None = None) -> list[list[dict]]:
     """A run's chunk groups, each row marked against the task's worked solution (arith only;
     empty for other tasks): ``start`` (the prefix is still on it), ``stays`` (prefix + chunk
-    still is; a finished chunk: it succeeded), and the row's ``advantage``, ``target`` and
-    ``value_start`` as the run computed them. A DIAGNOSTIC: nothing here feeds a run."""
+    still is; a finished chunk: it succeeded), ``reference`` (the reference its critic was
+    shown: None without one, else whether that success follows the worked solution, as a
+    success that left it and came back by a second error does not), and the row's
+    ``advantage``, ``target`` and ``value_start`` as the run computed them. A DIAGNOSTIC:
+    nothing here feeds a run."""
     from ac2_core import storage
     from ac2_core.runner.layout import RunLayout
 
@@ -535,22 +560,22 @@ def solution_groups(run_dir: Path) -> list[list[dict]]:
     if on is None:
         return []
     groups: dict[str, list[dict]] = {}
-    it = 1
-    while storage.exists(layout.output(it, "advantages")):
+    for it in published(layout, upto):
         prefixes = {p["prefix_id"]: p for p in storage.read_rows(layout.output(it, "prefixes"), kind="prefixes")}
         advantage = {a["chunk_id"]: a["advantage"] for a in storage.read_rows(layout.output(it, "advantages"), kind="advantages")}
+        replay = {t["trajectory_id"]: t["token_ids"] for t in storage.read_rows(layout.output(it, "replay"), kind="replay")}
         for c in storage.read_rows(layout.output(it, "scored_chunks"), kind="scored_chunks"):
             if c["mode"] != "chunk":
                 continue
-            pid = c["problem_id"]
+            pid, ref = c["problem_id"], c["ref_trajectory_id"]
             groups.setdefault(c["prefix_id"], []).append({
                 "start": on(pid, prefixes[c["prefix_id"]]["prefix_token_ids"]),
+                "reference": None if ref is None else on(pid, replay[ref]),
                 "stays": (c["reward"] or 0.0) > 0 if c["finished"] else on(pid, c["response_token_ids"]),
                 "advantage": advantage[c["chunk_id"]],
                 "target": c["target"],
                 "value_start": c["value_start"],
             })  # fmt: skip
-        it += 1
     return list(groups.values())
 
 
@@ -572,26 +597,40 @@ def advantage_aim(groups: list[list[dict]], advantages: list[list[float]]) -> tu
     return (on_differ / total if total else None), (right / on_differ if on_differ else None)
 
 
-def chunk_groups_on_solution(run_dir: Path) -> dict:
+REFS = {"noref": None, "ref_on": True, "ref_off": False}  # the reference a chunk group's critic was shown
+
+
+def chunk_groups_on_solution(run_dir: Path, upto: int | None = None) -> dict:
     """A DIAGNOSTIC for arith: the run's chunk groups measured against the worked solution.
 
     The share of chunk groups whose prefix was already off it (every continuation fails
     alike), the share whose continuations differ in staying on (the groups an oracle critic
     would give signal), within those how often the run's advantage ranks a continuation that
-    stays on above one that leaves, and where the advantages' |A| went (``advantage_aim``).
+    stays on above one that leaves, and where the advantages' |A| went (``advantage_aim``);
+    then that ranking by the reference the group's critic was shown (``REFS``), with the share
+    of the pairs each kind holds.
     """
-    groups = solution_groups(run_dir)
+    groups = solution_groups(run_dir, upto)
     if not groups:
         return {}
     mixed = [g for g in groups if differs(g)]
-    pairs = [(a["advantage"], b["advantage"]) for g in mixed for a in g if a["stays"] for b in g if not b["stays"]]
+    pairs = [
+        (a["advantage"], b["advantage"], g[0]["reference"]) for g in mixed for a in g if a["stays"] for b in g if not b["stays"]
+    ]
+
+    def ranked(kept: list) -> float | None:
+        return sum(1.0 if a > b else 0.5 if a == b else 0.0 for a, b, _ in kept) / len(kept) if kept else None
+
     on_differ, right = advantage_aim(groups, [[r["advantage"] for r in g] for g in groups])
+    by_reference = {name: [p for p in pairs if p[2] is shown] for name, shown in REFS.items()}
     return {
         "chunk_start_off": sum(not g[0]["start"] for g in groups) / len(groups),
         "chunk_mixed": len(mixed) / len(groups),
-        "chunk_within_auc": sum(1.0 if a > b else 0.5 if a == b else 0.0 for a, b in pairs) / len(pairs) if pairs else None,
+        "chunk_within_auc": ranked(pairs),
         "chunk_abs_a_on_differ": on_differ,
         "chunk_abs_a_right": right,
+        **{f"chunk_pairs_{name}": len(kept) / len(pairs) if pairs else None for name, kept in by_reference.items()},
+        **{f"chunk_within_auc_{name}": ranked(kept) for name, kept in by_reference.items()},
     }
 
 
@@ -604,7 +643,7 @@ def departure(on, problem_id: str, ids: list[int]) -> int:
     return hi
 
 
-def fork_choices(run_dir: Path, digits: Sequence[int], *, span: int = 4) -> dict:
+def fork_choices(run_dir: Path, digits: Sequence[int], *, span: int = 4, upto: int | None = None) -> dict:
     """A DIAGNOSTIC for arith: how often the whole answers take the misconception's fork
     (``tasks.arith.trigger_choices``), over the run's first and last ``span`` iterations: the
     misconceived share of the triggers reached on the worked solution, and the share of the
@@ -620,7 +659,7 @@ def fork_choices(run_dir: Path, digits: Sequence[int], *, span: int = 4) -> dict
         return {}
     prompts = {p["problem_id"]: p["prompt"] for p in storage.read_rows(layout.bootstrap("problems"), kind="problems")}
     tokenizer = load_tokenizer(layout.bootstrap("actor"))
-    last = layout.completed_iterations()
+    last = min(layout.completed_iterations(), upto or sys.maxsize)
     out = {}
     for name, its in (("start", range(1, span + 1)), ("end", range(max(last - span + 1, 1), last + 1))):
         taken, reached, failed, by_fork = 0, 0, 0, 0
@@ -639,7 +678,7 @@ def fork_choices(run_dir: Path, digits: Sequence[int], *, span: int = 4) -> dict
     return out
 
 
-def credit_aim(run_dir: Path, chunk_tokens: int, *, from_iteration: int = 5) -> dict:
+def credit_aim(run_dir: Path, chunk_tokens: int, *, from_iteration: int = 5, upto: int | None = None) -> dict:
     """A DIAGNOSTIC for arith: where the critic's credit along whole answers put a failed
     answer's blame. For each credited answer that failed after leaving the worked solution,
     the share of its |A| (summed over tokens) on the segment where it first left, and on its
@@ -657,8 +696,7 @@ def credit_aim(run_dir: Path, chunk_tokens: int, *, from_iteration: int = 5) -> 
     if on is None:
         return {}
     on_slip, on_last, v_success, v_before, v_after = [], [], [], [], []
-    it = 1
-    while storage.exists(layout.output(it, "advantages")):
+    for it in published(layout, upto):
         credited = {
             a["chunk_id"]: a["token_advantages"]
             for a in storage.read_rows(layout.output(it, "advantages"), kind="advantages")
@@ -685,7 +723,6 @@ def credit_aim(run_dir: Path, chunk_tokens: int, *, from_iteration: int = 5) -> 
                 last = (len(mass) - 1) // chunk_tokens * chunk_tokens
                 on_slip.append(sum(mass[slip : slip + chunk_tokens]) / total)
                 on_last.append(sum(mass[last:]) / total)
-        it += 1
     return {
         "credit_answers": len(on_slip),
         "credit_on_slip": _mean(on_slip),
@@ -837,11 +874,13 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
         " | mean abs A full / chunk | critic AUC (pooled) | critic AUC within iterations | critic V gap (success − failure) |",
         "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
-    diag = {key: diagnose(Path(args.out) / f"seed{key[1]}" / key[0]) for key in runs}
     cfgs = configs_for(args, seeds[0], variants)  # a seed changes no size and no task
+    diag = {}
     for v, seed in runs:
-        diag[v, seed].update(credit_aim(Path(args.out) / f"seed{seed}" / v, cfgs[v].rollout.chunk_tokens))
-        diag[v, seed].update(fork_choices(Path(args.out) / f"seed{seed}" / v, cfgs[v].warm_start.misconception_digits))
+        run_dir, upto = Path(args.out) / f"seed{seed}" / v, cfgs[v].run.iterations
+        diag[v, seed] = diagnose(run_dir, upto)
+        diag[v, seed].update(credit_aim(run_dir, cfgs[v].rollout.chunk_tokens, upto=upto))
+        diag[v, seed].update(fork_choices(run_dir, cfgs[v].warm_start.misconception_digits, upto=upto))
     grpo_tokens = {s: runs[v, s][-1]["cum_decode_tokens"] / runs[v, s][-1]["iteration"] for v, s in runs if v == args.reference}
 
     def med(v: str, field: str, spec: str) -> str:
@@ -892,6 +931,18 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
             f"| {v} | {med(v, 'chunk_start_off', '.2f')} | {med(v, 'chunk_mixed', '.2f')}"
             f" | {med(v, 'chunk_within_auc', '.3f')} | {med(v, 'chunk_abs_a_on_differ', '.3f')}"
             f" | {med(v, 'chunk_abs_a_right', '.3f')} |"
+        ),
+    )
+    lines += table(
+        lambda d: d.get("chunk_pairs_noref") is not None,
+        "The same ranking by the reference the critic was shown (arith; a DIAGNOSTIC): the share of the"
+        " (staying on, leaving) pairs whose prefix had no reference, a reference on the worked solution, or a"
+        " success off it (one that left the solution and came back by a second error), and within each the share"
+        " ranked right.",
+        "| variant | no reference: pairs, ranked right | on the solution: pairs, ranked right"
+        " | off the solution: pairs, ranked right |",
+        lambda v: "".join(
+            [f"| {v} |", *(f" {med(v, f'chunk_pairs_{n}', '.2f')}, {med(v, f'chunk_within_auc_{n}', '.3f')} |" for n in REFS)]
         ),
     )
     lines += table(
@@ -979,6 +1030,9 @@ def write_results(args: argparse.Namespace, elapsed: float | None) -> None:
         runs = {k: v for k, v in runs.items() if k[0] in args.variants and k[1] in args.seeds}
     if not runs:
         raise SystemExit(f"no records under {args.out}: run the benchmark first")
+    # a run taken further by a later invocation is reported to this invocation's run.iterations
+    upto = {v: cfg.run.iterations for v, cfg in configs_for(args, 0, sorted({v for v, _ in runs})).items()}
+    runs = {k: [r for r in recs if r["iteration"] <= upto[k[0]]] for k, recs in runs.items()}
     if not any(v == args.reference for v, _ in runs):
         raise SystemExit(f"--reference {args.reference}: no runs of it under {args.out} (among the reported variants)")
     kept = ""
