@@ -228,6 +228,10 @@ VARIANTS: dict[str, dict] = {
         **MATCH,
         "critic.source_reference": True,
     },
+    # ... and the oracle in the learned arm's recipe (a DIAGNOSTIC; research log section 19): the same 16-token
+    # chunks, std-scaled advantages with the floor and outcome advantages on whole answers, so the two differ in
+    # the critic alone
+    "ac2_oracle_floor_age8_one_fork_s2": {**ORACLE, "readiness.gate": False, **FORK, **FLOOR, **AGE8, **ONE, **S2},
     # GRPO's search on the forking toy, around its best setting of the old toy (two steps at lr 3e-5)
     "grpo_skip_s2": {"algorithm": "grpo", "rollout.skip_solved_groups": 2, **S2},
     "grpo_s2_lr5": {"algorithm": "grpo", **S2, "actor.lr": 5e-5},
