@@ -167,6 +167,7 @@ def plan_prefixes(
     max_response_tokens: int,
     rng: np.random.Generator,
     success_threshold: float | None = None,
+    only_successes: bool = False,
     since_iteration: int | None = None,
 ) -> list[PlannedPrefix]:
     """Full mode: one empty prefix with the whole budget. Chunk mode: up to ``k`` prefixes
@@ -181,7 +182,8 @@ def plan_prefixes(
     With ``success_threshold``, prefixes are cut only from the trajectories that finished
     with at least that reward, when the problem has any: a state on a path that succeeded
     can still succeed, so its continuations can differ in outcome, where a state past an
-    answer's fatal error teaches nothing (every continuation fails alike).
+    answer's fatal error teaches nothing (every continuation fails alike). With
+    ``only_successes`` too, a problem without one is planned in full mode.
     """
     full = [PlannedPrefix(problem_id, "full", None, [], max_response_tokens)]
     if not chunk_mode:
@@ -190,7 +192,7 @@ def plan_prefixes(
         trajectories = [t for t in trajectories if t["source_trajectory_id"] is None and t["iteration"] >= since_iteration]
     if success_threshold is not None:
         succeeded = [t for t in trajectories if t["finished"] and t["reward"] is not None and t["reward"] >= success_threshold]
-        trajectories = succeeded or trajectories
+        trajectories = succeeded if only_successes else succeeded or trajectories
     candidates = [
         (t, cut)
         for t in sorted(trajectories, key=_newest_first)

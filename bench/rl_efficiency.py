@@ -232,6 +232,29 @@ VARIANTS: dict[str, dict] = {
     # chunks, std-scaled advantages with the floor and outcome advantages on whole answers, so the two differ in
     # the critic alone
     "ac2_oracle_floor_age8_one_fork_s2": {**ORACLE, "readiness.gate": False, **FORK, **FLOOR, **AGE8, **ONE, **S2},
+    # ... prefixes cut from successes only, a problem never solved refreshed by a whole answer (section 19: there
+    # the learned critic has no reference and ranked below chance), with the source as reference, and its oracle
+    "ac2_floor_age8_one_srconly_srcref_match_s2": {
+        "readiness.gate": False,
+        **FORK,
+        "rollout.prefix_source": "success_only",
+        **FLOOR,
+        **AGE8,
+        **ONE,
+        **S2,
+        **MATCH,
+        "critic.source_reference": True,
+    },
+    "ac2_oracle_floor_age8_one_srconly_s2": {
+        **ORACLE,
+        "readiness.gate": False,
+        **FORK,
+        "rollout.prefix_source": "success_only",
+        **FLOOR,
+        **AGE8,
+        **ONE,
+        **S2,
+    },
     # GRPO's search on the forking toy, around its best setting of the old toy (two steps at lr 3e-5)
     "grpo_skip_s2": {"algorithm": "grpo", "rollout.skip_solved_groups": 2, **S2},
     "grpo_s2_lr5": {"algorithm": "grpo", **S2, "actor.lr": 5e-5},

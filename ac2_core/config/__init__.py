@@ -230,10 +230,12 @@ class RolloutConfig(Section):
     chunk_tokens: int = Field(16, ge=1, description="L: token budget of one action chunk")
     max_response_tokens: int = Field(96, ge=1, description="budget of a full answer (full mode)")
     prefixes_per_problem: int = Field(2, ge=1, description="k: prefixes per ready problem in chunk mode")
-    prefix_source: Literal["any", "success"] = Field(
+    prefix_source: Literal["any", "success", "success_only"] = Field(
         "any",
-        description="trajectories chunk-mode prefixes are cut from: any replayed one, or only those that succeeded "
-        "(replay.success_threshold) when the problem has any",
+        description="trajectories chunk-mode prefixes are cut from: any replayed one; only those that succeeded "
+        "(replay.success_threshold) when the problem has any (success); or only those, a problem without one "
+        "planned in full mode, which gives it a fresh answer (success_only: no chunk group starts from a failure, "
+        "where the critic has no reference to judge by)",
     )
     prefix_cut: Literal["boundary", "uncertain", "entropy"] = Field(
         "boundary",

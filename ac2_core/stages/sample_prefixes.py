@@ -197,7 +197,8 @@ def _plans(cfg: AC2Config, iteration: int, pid: str, trajectories: list[dict], r
         chunk_tokens=cfg.rollout.chunk_tokens,
         max_response_tokens=cfg.rollout.max_response_tokens,
         rng=rng,
-        success_threshold=cfg.replay.success_threshold if cfg.rollout.prefix_source == "success" else None,
+        success_threshold=cfg.replay.success_threshold if cfg.rollout.prefix_source != "any" else None,
+        only_successes=cfg.rollout.prefix_source == "success_only",
         since_iteration=None if cfg.rollout.prefix_max_age is None else iteration - cfg.rollout.prefix_max_age,
     )
     # a revisited problem's full-mode answers measured against its replayed success rate (one answer may do)

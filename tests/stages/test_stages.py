@@ -534,26 +534,40 @@ def test_uncertain_and_entropy_cuts_end_each_prefix_right_before_the_position_th
     assert scans > 0 and billed - without == pytest.approx(scans)
 
 
+def _answer(tid, reward, it=1):
+    """A replayed whole answer of problem ``p``."""
+    return dict(run_id="r", iteration=it, policy_version=it - 1, trajectory_id=tid, problem_id="p",
+                source_trajectory_id=None, token_ids=list(range(40)), finished=True, reward=reward)  # fmt: skip
+
+
+def _planned(trajectories, **overrides):
+    """(mode, source, reference) of each prefix ``sample_prefixes`` plans for ready problem ``p`` at iteration 2."""
+    cfg = tiny_config(**{"rollout__prefix_source": "success", **overrides})
+    plans = sample_prefixes._plans(cfg, 2, "p", trajectories, {"p"}, np.random.default_rng(0))
+    return [(p["mode"], p["source_trajectory_id"], p["ref_trajectory_id"]) for p in plans]
+
+
+def test_success_only_prefixes_send_a_problem_without_a_success_to_full_mode():
+    lost = [_answer("lost", 0.0), _answer("lost-again", 0.0)]
+    # success: cut from a failure where there is no success; success_only: a fresh whole answer instead
+    assert {mode for mode, _, _ in _planned(lost)} == {"chunk"}
+    assert _planned(lost, rollout__prefix_source="success_only") == [("full", None, None)]
+    # with a success both cut from it alone
+    won = [*lost, _answer("won", 1.0)]
+    assert {(m, src) for m, src, _ in _planned(won, rollout__prefix_source="success_only")} == {("chunk", "won")}
+    assert _planned(won, rollout__prefix_source="success_only") == _planned(won)
+
 
 def test_source_reference_shows_a_chunk_prefix_with_no_other_success_the_success_it_was_cut_from():
-    def answer(tid, reward, it=1):
-        return dict(run_id="r", iteration=it, policy_version=it - 1, trajectory_id=tid, problem_id="p",
-                    source_trajectory_id=None, token_ids=list(range(40)), finished=True, reward=reward)  # fmt: skip
-
-    def refs(trajectories, **overrides):
-        cfg = tiny_config(rollout__prefix_source="success", **overrides)
-        plans = sample_prefixes._plans(cfg, 2, "p", trajectories, {"p"}, np.random.default_rng(0))
-        return [(p["mode"], p["source_trajectory_id"], p["ref_trajectory_id"]) for p in plans]
-
-    one_success = [answer("won", 1.0), answer("lost", 0.0)]
-    # by default a prefix cut from a problem's only success has no reference: the critic would see its source
-    assert {r[:2] for r in refs(one_success)} == {("chunk", "won")}
-    assert {r[2] for r in refs(one_success)} == {None}
+    one_success = [_answer("won", 1.0), _answer("lost", 0.0)]
+    # by default a prefix cut from a problem's only success is shown no reference
+    assert {r[:2] for r in _planned(one_success)} == {("chunk", "won")}
+    assert {r[2] for r in _planned(one_success)} == {None}
     # with source_reference it is shown that success, the one it was cut from
-    assert {r[2] for r in refs(one_success, critic__source_reference=True)} == {"won"}
+    assert {r[2] for r in _planned(one_success, critic__source_reference=True)} == {"won"}
     # where another success is there, that one is shown, as before
-    two = [*one_success, answer("won-later", 1.0, it=2)]
-    shown = refs(two, critic__source_reference=True)
-    assert shown == refs(two) and all(ref != source and ref in ("won", "won-later") for _, source, ref in shown)
+    two = [*one_success, _answer("won-later", 1.0, it=2)]
+    shown = _planned(two, critic__source_reference=True)
+    assert shown == _planned(two) and all(ref != source and ref in ("won", "won-later") for _, source, ref in shown)
     # with no success at all a prefix is cut from a failure and no reference is shown
-    assert {r[2] for r in refs([answer("lost", 0.0)], critic__source_reference=True)} == {None}
+    assert {r[2] for r in _planned([_answer("lost", 0.0)], critic__source_reference=True)} == {None}
