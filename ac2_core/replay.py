@@ -61,19 +61,20 @@ def _graded_whole_answer(t: dict) -> bool:
     return t["source_trajectory_id"] is None and t["finished"] and t["reward"] is not None
 
 
-def choose_reference(trajectories: Iterable[dict], *, exclude: str | None, success_threshold: float) -> str | None:
-    """The latest successful finished trajectory of one problem, never ``exclude``.
+def choose_reference(
+    trajectories: Iterable[dict], *, exclude: str | None, success_threshold: float, or_excluded: bool = False
+) -> str | None:
+    """The latest successful finished trajectory of one problem other than ``exclude``; with
+    ``or_excluded``, ``exclude`` itself when it is the only success.
 
     ``exclude`` is the trajectory a chunk's prefix was cut from. Its continuations are fresh
-    answers, so showing it leaks no outcome; ``critic.source_reference`` shows it where no
-    other success is there (``sample_prefixes``), and by default such a prefix has none.
+    answers, so showing it leaks no outcome; ``critic.source_reference`` sets ``or_excluded``,
+    and by default such a prefix has no reference.
     """
-    ok = [
-        t
-        for t in trajectories
-        if t["finished"] and t["reward"] is not None and t["reward"] >= success_threshold and t["trajectory_id"] != exclude
-    ]
-    return min(ok, key=_newest_first)["trajectory_id"] if ok else None
+    ok = [t for t in trajectories if t["finished"] and t["reward"] is not None and t["reward"] >= success_threshold]
+    others = [t for t in ok if t["trajectory_id"] != exclude]
+    pick = others or (ok if or_excluded else [])
+    return min(pick, key=_newest_first)["trajectory_id"] if pick else None
 
 
 def merge_replay(replay: list[dict], new: list[dict], *, max_per_problem: int, whole_first: bool = False) -> list[dict]:

@@ -22,9 +22,9 @@ every stage but ``evaluate`` (critic scoring and training included). GRPO is the
 Runs are resumable: the per-iteration records live under --out, and a variant run
 later (an ablation) is compared with the GRPO runs already there. The tables and the
 plot are rebuilt from every record under --out, each run to the invocation's
-``run.iterations`` (a run taken further by a later invocation is cut there). Text below the analysis marker of the
-results file is kept when the tables are rewritten. Not a test: wall times depend on
-the machine's load; FLOPs and scores do not.
+``run.iterations`` (a run taken further by a later invocation is cut there). Text below
+the analysis marker of the results file is kept when the tables are rewritten. Not a
+test: wall times depend on the machine's load; FLOPs and scores do not.
 """
 
 from __future__ import annotations
@@ -70,6 +70,9 @@ MATCH = {"critic.reference_match": True}  # the value head also reads how the an
 # chunk-mode prefixes cut from answers that succeeded, right before the position where the actor's next-token
 # distribution has the most entropy (a forking token, research log section 17); the gate is the variant's
 FORK = {"rollout.prefix_cut": "entropy", "rollout.prefix_source": "success"}
+# (research log section 19) the fork cut from successes alone: a problem never solved is refreshed by a whole answer
+FORK_SUCCESS_ONLY = {**FORK, "rollout.prefix_source": "success_only"}
+SOURCE_REF = {"critic.source_reference": True}  # a prefix whose only success is its source is shown that source
 VARIANTS: dict[str, dict] = {
     "ac2": {},
     "ac2_oracle": ORACLE,
@@ -226,30 +229,28 @@ VARIANTS: dict[str, dict] = {
         **ONE,
         **S2,
         **MATCH,
-        "critic.source_reference": True,
+        **SOURCE_REF,
     },
     # ... and the oracle in the learned arm's recipe (a DIAGNOSTIC; research log section 19): the same 16-token
     # chunks, std-scaled advantages with the floor and outcome advantages on whole answers, so the two differ in
     # the critic alone
     "ac2_oracle_floor_age8_one_fork_s2": {**ORACLE, "readiness.gate": False, **FORK, **FLOOR, **AGE8, **ONE, **S2},
-    # ... prefixes cut from successes only, a problem never solved refreshed by a whole answer (section 19: there
-    # the learned critic has no reference and ranked below chance), with the source as reference, and its oracle
+    # ... with prefixes cut from successes alone (section 19: where a problem was never solved the learned critic has
+    # no reference and ranked below chance), and its oracle
     "ac2_floor_age8_one_srconly_srcref_match_s2": {
         "readiness.gate": False,
-        **FORK,
-        "rollout.prefix_source": "success_only",
+        **FORK_SUCCESS_ONLY,
         **FLOOR,
         **AGE8,
         **ONE,
         **S2,
         **MATCH,
-        "critic.source_reference": True,
+        **SOURCE_REF,
     },
     "ac2_oracle_floor_age8_one_srconly_s2": {
         **ORACLE,
         "readiness.gate": False,
-        **FORK,
-        "rollout.prefix_source": "success_only",
+        **FORK_SUCCESS_ONLY,
         **FLOOR,
         **AGE8,
         **ONE,
@@ -587,17 +588,20 @@ def solution_groups(run_dir: Path, upto: int | None = None) -> list[list[dict]]:
     if on is None:
         return []
     groups: dict[str, list[dict]] = {}
+    ref_on: dict[str, bool] = {}  # a reference trajectory's agreement with the worked solution, once each
     for it in published(layout, upto):
         prefixes = {p["prefix_id"]: p for p in storage.read_rows(layout.output(it, "prefixes"), kind="prefixes")}
         advantage = {a["chunk_id"]: a["advantage"] for a in storage.read_rows(layout.output(it, "advantages"), kind="advantages")}
-        replay = {t["trajectory_id"]: t["token_ids"] for t in storage.read_rows(layout.output(it, "replay"), kind="replay")}
+        replay = {t["trajectory_id"]: t for t in storage.read_rows(layout.output(it, "replay"), kind="replay")}
         for c in storage.read_rows(layout.output(it, "scored_chunks"), kind="scored_chunks"):
             if c["mode"] != "chunk":
                 continue
             pid, ref = c["problem_id"], c["ref_trajectory_id"]
+            if ref is not None and ref not in ref_on:
+                ref_on[ref] = on(pid, replay[ref]["token_ids"])
             groups.setdefault(c["prefix_id"], []).append({
                 "start": on(pid, prefixes[c["prefix_id"]]["prefix_token_ids"]),
-                "reference": None if ref is None else on(pid, replay[ref]),
+                "reference": ref_on.get(ref),
                 "stays": (c["reward"] or 0.0) > 0 if c["finished"] else on(pid, c["response_token_ids"]),
                 "advantage": advantage[c["chunk_id"]],
                 "target": c["target"],
@@ -904,7 +908,8 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
     cfgs = configs_for(args, seeds[0], variants)  # a seed changes no size and no task
     diag = {}
     for v, seed in runs:
-        run_dir, upto = Path(args.out) / f"seed{seed}" / v, cfgs[v].run.iterations
+        # the diagnostics read the iterations the records report (write_results cuts them at run.iterations)
+        run_dir, upto = Path(args.out) / f"seed{seed}" / v, runs[v, seed][-1]["iteration"]
         diag[v, seed] = diagnose(run_dir, upto)
         diag[v, seed].update(credit_aim(run_dir, cfgs[v].rollout.chunk_tokens, upto=upto))
         diag[v, seed].update(fork_choices(run_dir, cfgs[v].warm_start.misconception_digits, upto=upto))

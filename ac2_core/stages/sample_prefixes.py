@@ -207,11 +207,11 @@ def _plans(cfg: AC2Config, iteration: int, pid: str, trajectories: list[dict], r
         ref = None
         if cfg.uses_critic and cfg.critic.use_reference:
             ref = choose_reference(
-                trajectories, exclude=plan.source_trajectory_id, success_threshold=cfg.replay.success_threshold
+                trajectories,
+                exclude=plan.source_trajectory_id,
+                success_threshold=cfg.replay.success_threshold,
+                or_excluded=cfg.critic.source_reference,  # the only success may be the source (research log, section 19)
             )
-            if ref is None and plan.mode == "chunk" and cfg.critic.source_reference:
-                # the only success may be the source itself (research log, section 19)
-                ref = choose_reference(trajectories, exclude=None, success_threshold=cfg.replay.success_threshold)
         yield {
             "prefix_id": f"{pid}-i{iteration:05d}-p{k}",
             "problem_id": pid,

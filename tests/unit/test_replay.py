@@ -92,6 +92,16 @@ def test_choose_reference_never_returns_the_excluded_trajectory():
     assert choose_reference(without_c, exclude="b", success_threshold=1.0) == "a"
 
 
+def test_choose_reference_or_excluded_takes_the_excluded_trajectory_only_when_it_is_the_only_success():
+    assert choose_reference(_candidates(), exclude="b", success_threshold=1.0, or_excluded=True) == "c"
+    only_b = [t for t in _candidates() if t["trajectory_id"] in ("b", "d", "e", "f")]
+    assert choose_reference(only_b, exclude="b", success_threshold=1.0) is None
+    assert choose_reference(only_b, exclude="b", success_threshold=1.0, or_excluded=True) == "b"
+    # a failed source is never a reference
+    failed = [t for t in _candidates() if t["trajectory_id"] in ("d", "e", "f")]
+    assert choose_reference(failed, exclude="e", success_threshold=1.0, or_excluded=True) is None
+
+
 def test_choose_reference_threshold_decides_success():
     # At 0.5, e (iteration 5, reward 0.5) qualifies and is the newest finished one.
     assert choose_reference(_candidates(), exclude=None, success_threshold=0.5) == "e"
