@@ -73,6 +73,8 @@ FORK = {"rollout.prefix_cut": "entropy", "rollout.prefix_source": "success"}
 # (research log section 19) the fork cut from successes alone: a problem never solved is refreshed by a whole answer
 FORK_SUCCESS_ONLY = {**FORK, "rollout.prefix_source": "success_only"}
 SOURCE_REF = {"critic.source_reference": True}  # a prefix whose only success is its source is shown that source
+# every trained row weighs alike, its tokens averaged within it: a 16-token chunk weighs as a whole answer does
+ROW = {"actor.loss_aggregation": "row"}
 VARIANTS: dict[str, dict] = {
     "ac2": {},
     "ac2_oracle": ORACLE,
@@ -255,6 +257,29 @@ VARIANTS: dict[str, dict] = {
         **AGE8,
         **ONE,
         **S2,
+    },
+    # ... and both with every trained row weighed alike (research log section 20): under token aggregation the
+    # chunk rows held about a quarter of the actor's gradient
+    "ac2_floor_age8_one_srconly_srcref_match_row_s2": {
+        "readiness.gate": False,
+        **FORK_SUCCESS_ONLY,
+        **FLOOR,
+        **AGE8,
+        **ONE,
+        **S2,
+        **MATCH,
+        **SOURCE_REF,
+        **ROW,
+    },
+    "ac2_oracle_floor_age8_one_srconly_row_s2": {
+        **ORACLE,
+        "readiness.gate": False,
+        **FORK_SUCCESS_ONLY,
+        **FLOOR,
+        **AGE8,
+        **ONE,
+        **S2,
+        **ROW,
     },
     # GRPO's search on the forking toy, around its best setting of the old toy (two steps at lr 3e-5)
     "grpo_skip_s2": {"algorithm": "grpo", "rollout.skip_solved_groups": 2, **S2},
@@ -578,7 +603,8 @@ def solution_groups(run_dir: Path, upto: int | None = None) -> list[list[dict]]:
     still is; a finished chunk: it succeeded), ``reference`` (the reference its critic was
     shown: None without one, else whether that success follows the worked solution, as a
     success that left it and came back by a second error does not), and the row's
-    ``advantage``, ``target`` and ``value_start`` as the run computed them. A DIAGNOSTIC:
+    ``advantage``, ``target`` and ``value_start`` as the run computed them, and whether the chunk
+    ``finished`` the answer (its target is then the reward, not V). A DIAGNOSTIC:
     nothing here feeds a run."""
     from ac2_core import storage
     from ac2_core.runner.layout import RunLayout
@@ -603,6 +629,7 @@ def solution_groups(run_dir: Path, upto: int | None = None) -> list[list[dict]]:
                 "start": on(pid, prefixes[c["prefix_id"]]["prefix_token_ids"]),
                 "reference": ref_on.get(ref),
                 "stays": (c["reward"] or 0.0) > 0 if c["finished"] else on(pid, c["response_token_ids"]),
+                "finished": c["finished"],
                 "advantage": advantage[c["chunk_id"]],
                 "target": c["target"],
                 "value_start": c["value_start"],
@@ -639,7 +666,9 @@ def chunk_groups_on_solution(run_dir: Path, upto: int | None = None) -> dict:
     would give signal), within those how often the run's advantage ranks a continuation that
     stays on above one that leaves, and where the advantages' |A| went (``advantage_aim``);
     then that ranking by the reference the group's critic was shown (``REFS``), with the share
-    of the pairs each kind holds.
+    of the pairs each kind holds; and the critic's mean V at the end of an unfinished chunk whose
+    prefix was on the solution, where the chunk stays on it and where it leaves (the oracle's is 0
+    there): the size of the step a chunk-mode advantage is made of.
     """
     groups = solution_groups(run_dir, upto)
     if not groups:
@@ -653,6 +682,7 @@ def chunk_groups_on_solution(run_dir: Path, upto: int | None = None) -> dict:
         return sum(1.0 if a > b else 0.5 if a == b else 0.0 for a, b, _ in kept) / len(kept) if kept else None
 
     on_differ, right = advantage_aim(groups, [[r["advantage"] for r in g] for g in groups])
+    ends = [r for g in groups for r in g if r["start"] and not r["finished"]]
     by_reference = {name: [p for p in pairs if p[2] is shown] for name, shown in REFS.items()}
     return {
         "chunk_start_off": sum(not g[0]["start"] for g in groups) / len(groups),
@@ -662,6 +692,8 @@ def chunk_groups_on_solution(run_dir: Path, upto: int | None = None) -> dict:
         "chunk_abs_a_right": right,
         **{f"chunk_pairs_{name}": len(kept) / len(pairs) if pairs else None for name, kept in by_reference.items()},
         **{f"chunk_within_auc_{name}": ranked(kept) for name, kept in by_reference.items()},
+        "chunk_v_stays": _mean([r["target"] for r in ends if r["stays"]]),
+        "chunk_v_leaves": _mean([r["target"] for r in ends if not r["stays"]]),
     }
 
 
@@ -958,11 +990,13 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
         lambda d: d.get("chunk_mixed") is not None,
         "Chunk groups against the task's worked solution (arith; a DIAGNOSTIC, nothing here feeds a run):",
         "| variant | prefix already off the solution | continuations differ in staying on"
-        " | advantage ranks staying on above leaving, within those | share of |A| on those | of which points right |",
+        " | advantage ranks staying on above leaving, within those | share of |A| on those | of which points right"
+        " | V at an unfinished chunk's end from a prefix on it: stays on / leaves |",
         lambda v: (
             f"| {v} | {med(v, 'chunk_start_off', '.2f')} | {med(v, 'chunk_mixed', '.2f')}"
             f" | {med(v, 'chunk_within_auc', '.3f')} | {med(v, 'chunk_abs_a_on_differ', '.3f')}"
-            f" | {med(v, 'chunk_abs_a_right', '.3f')} |"
+            f" | {med(v, 'chunk_abs_a_right', '.3f')}"
+            f" | {med(v, 'chunk_v_stays', '.3f')} / {med(v, 'chunk_v_leaves', '.3f')} |"
         ),
     )
     lines += table(
