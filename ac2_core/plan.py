@@ -165,8 +165,10 @@ def make_plan(cfg: AC2Config, *, gpus: int, arch: Architecture, shape: Shape = S
         if procs * lay.gpus_each != gpus:
             plan.notes.append(f"{stage}: {procs} processes x {lay.gpus_each} GPUs each is not the {gpus} GPUs of its task")
     plan.memory = _memory(cfg, arch, shape, plan)
-    if cfg.uses_critic and cfg.critic.kind == "oracle":
-        plan.notes.append("critic.kind oracle: no critic forwards or training are counted; its memory is a learned critic's")
+    if cfg.uses_critic and cfg.critic.kind != "learned":
+        plan.notes.append(
+            f"critic.kind {cfg.critic.kind}: no critic forwards or training are counted; its memory is a learned critic's"
+        )
     plan.seconds = _seconds(cfg, arch, shape, plan, work)
     return plan
 
@@ -206,7 +208,7 @@ def _iteration(cfg: AC2Config, arch: Architecture, shape: Shape) -> dict:
         inputs = [critic_len(c) for c in cuts] * answers
         inputs += [critic_len(prefix)] * chunk_prefixes + [critic_len(prefix + L_chunk)] * (chunk_prefixes * G)
         crit_kw = dict(n_params=arch.non_embedding, n_layers=arch.layers, d_attn=arch.d_attn)
-        learned = cfg.critic.kind == "learned"  # the oracle (a diagnostic) runs no critic forwards and never trains
+        learned = cfg.critic.kind == "learned"  # a diagnostic critic runs no critic forwards and never trains
         flops["critic"] = sum(critic_flops(**crit_kw, n_tokens=n) for n in inputs) if learned else 0
         if cfg.critic.dense:  # one example per finished answer: the whole answer, fitted at every token
             examples, mean_len = answers, critic_len(R)

@@ -51,6 +51,7 @@ MARKER = "<!-- analysis: text below this line is kept when the tables are rewrit
 
 # What each variant changes; everything else comes from the config and --set.
 ORACLE = {"critic.kind": "oracle"}  # a DIAGNOSTIC: the critic reads the worked solution; it decodes nothing extra
+BLIND = {"critic.kind": "blind"}  # a DIAGNOSTIC: one value for every state; what AC2 learns with a critic that adds nothing
 # the gate off, chunk-mode prefixes ending right before the token the actor finds least likely
 UNCERTAIN = {"readiness.gate": False, "rollout.prefix_cut": "uncertain"}
 # chunk advantages divided by max(group std, 0.1): near-equal targets amplified at most 10x
@@ -233,10 +234,26 @@ VARIANTS: dict[str, dict] = {
         **MATCH,
         **SOURCE_REF,
     },
+    # ... whose critic also fits the answers replay holds from the last 8 iterations (research log section 20): an
+    # iteration's few dozen whole answers left its values after a departure from the solution at 0.2-0.4
+    "ac2_floor_age8_one_fork_srcref_match_crep8_s2": {
+        "readiness.gate": False,
+        **FORK,
+        **FLOOR,
+        **AGE8,
+        **ONE,
+        **S2,
+        **MATCH,
+        **SOURCE_REF,
+        "critic.replay_iterations": 8,
+    },
     # ... and the oracle in the learned arm's recipe (a DIAGNOSTIC; research log section 19): the same 16-token
     # chunks, std-scaled advantages with the floor and outcome advantages on whole answers, so the two differ in
     # the critic alone
     "ac2_oracle_floor_age8_one_fork_s2": {**ORACLE, "readiness.gate": False, **FORK, **FLOOR, **AGE8, **ONE, **S2},
+    # ... and the blind critic in the same recipe (a DIAGNOSTIC; research log section 20): the other end, where an
+    # unfinished chunk has no advantage, so the learned critic's place between the two is what it adds
+    "ac2_blind_floor_age8_one_fork_s2": {**BLIND, "readiness.gate": False, **FORK, **FLOOR, **AGE8, **ONE, **S2},
     # ... with prefixes cut from successes alone (section 19: where a problem was never solved the learned critic has
     # no reference and ranked below chance), and its oracle
     "ac2_floor_age8_one_srconly_srcref_match_s2": {

@@ -375,12 +375,14 @@ class ActorConfig(Section):
 
 
 class CriticConfig(Section):
-    added_later = ("reference_match", "source_reference")  # left out of the dump at their defaults (Section)
+    added_later = ("reference_match", "source_reference", "replay_iterations")  # left out of the dump at their defaults (Section)
 
-    kind: Literal["learned", "oracle"] = Field(
+    kind: Literal["learned", "oracle", "blind"] = Field(
         "learned",
         description="learned: the critic model; oracle: a DIAGNOSTIC bound for task arith (V = 0 once the partial answer"
-        " leaves the canonical solution, else the current policy's success rate from that depth), never for comparisons",
+        " leaves the canonical solution, else the current policy's success rate from that depth), never for comparisons;"
+        " blind: a DIAGNOSTIC that sees nothing of the state (V = this iteration's success rate of whole answers for"
+        " every state), the other end of what a critic adds",
     )
     lr: float = Field(3e-4, gt=0, description="AdamW learning rate of the critic")
     lr_warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear lr warm-up")
@@ -420,6 +422,12 @@ class CriticConfig(Section):
         True,
         description="update_critic trains the backbone with the value head; false trains the head alone (the backbone"
         " stays as the bootstrap made it, so a critic with surprise keeps the next-token head it reads in step with it)",
+    )
+    replay_iterations: int = Field(
+        0,
+        ge=0,
+        description="update_critic also fits the finished answers replay holds from this many iterations before the"
+        " current one (each shown the problem's latest other success); 0: this iteration's answers alone",
     )
     warmup_iterations: int = Field(0, ge=0, description="first iterations in full mode only, to fit the critic")
     use_reference: bool = Field(True, description="show the critic a reference solution from replay")

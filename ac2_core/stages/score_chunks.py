@@ -111,8 +111,10 @@ def run(
         if one_by_one:
             inputs = [builder.build(r.problem_id, r.ref, r.state) for r in one_by_one]
             _apply_critic(cfg, ckpt, critic, one_by_one, inputs, scored, pairs)
-    elif requests:
+    elif requests and cfg.critic.kind == "oracle":
         _apply_oracle(probs, tok, requests, scored, pairs)
+    elif requests:
+        _apply_blind(requests, scored, pairs)
     scored_hash = write(cfg, STAGE, out_scored_chunks, scored, "scored_chunks")
     write(cfg, STAGE, out_critic_pairs, pairs, "critic_pairs")
     rewards = [s["reward"] for s in scored if s["finished"] and s["reward"] is not None]
@@ -211,6 +213,17 @@ def _apply_oracle(probs: Problems, tok, requests: list[CriticRequest], scored: l
         if key not in texts:
             texts[key] = tok.decode(r.state, skip_special_tokens=True)
         _put(r, oracle_value(probs[r.problem_id]["solution"], texts[key], depths, rates), scored, pairs)
+
+
+def _apply_blind(requests: list[CriticRequest], scored: list[dict], pairs: list[dict]) -> None:
+    """The diagnostic blind critic (``critic.kind: blind``): one value for every state, this
+    iteration's success rate of its finished, graded full-mode answers (add-one smoothed). An
+    unfinished chunk then has no advantage within its group; only a chunk that finished can
+    differ from its siblings, by its reward. It costs no critic FLOPs."""
+    rewards = [s["reward"] for s in scored if s["mode"] == "full" and s["finished"] and s["reward"] is not None]
+    value = (sum(rewards) + 1.0) / (len(rewards) + 2.0)
+    for r in requests:
+        _put(r, value, scored, pairs)
 
 
 def _apply_critic_along(cfg: AC2Config, ckpt, builder, requests: list[CriticRequest], scored, pairs) -> list[CriticRequest]:

@@ -2,12 +2,14 @@
 
 Inputs are the states of this iteration's finished trajectories at chunk boundaries
 (the ``critic_pairs`` already scored out of sample), with the problem and reference
-solution in front. With ``critic.td_weight > 0`` the start state of each unfinished chunk
-is also fitted to the bootstrapped V(s+c).
+solution in front. With ``critic.replay_iterations > 0`` the finished answers that replay
+holds from the last iterations are fitted too. With ``critic.td_weight > 0`` the start
+state of each unfinished chunk is also fitted to the bootstrapped V(s+c).
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +20,7 @@ from ac2_core.models.device import device_of
 from ac2_core.models.state import update_stats
 from ac2_core.models.store import Checkpoint, ModelStore
 from ac2_core.models.tokenizer import special_ids
+from ac2_core.replay import choose_reference, cut_points
 from ac2_core.stages import data_parallel
 from ac2_core.stages.common import Problems, StageStats, read, rng_for
 from ac2_core.stages.critic_io import CriticInputs
@@ -26,10 +29,43 @@ STAGE = "update_critic"
 
 
 Example = tuple[list[int], list[tuple[int, float, float]]]  # critic input, (position, target, weight) to fit
+Answer = tuple[str, str | None, list[int], float, list[int]]  # problem, reference, response, outcome, cuts
 
 
-def training_examples(cfg: AC2Config, builder: CriticInputs, pairs: list[dict], scored: list[dict]) -> list[Example]:
-    """Every distinct critic input with the positions it fits: pairs, plus TD examples when enabled.
+def recent_answers(cfg: AC2Config, replay: list[dict], iteration: int) -> list[Answer]:
+    """The finished, graded trajectories replay holds from the last ``critic.replay_iterations``
+    iterations before ``iteration``, each cut at its chunk boundaries and shown, as a fresh
+    answer would be, the problem's latest success other than itself.
+
+    An iteration decodes a few dozen whole answers, so a critic fitted on its own pairs alone
+    sees few states after a departure from a correct solution; replay holds the answers of the
+    iterations before (research log, section 20). They were judged by a policy a few updates
+    older, and none of them is among this iteration's out-of-sample pairs.
+    """
+    span = cfg.critic.replay_iterations
+    if span == 0:
+        return []
+    by_problem: dict[str, list[dict]] = defaultdict(list)
+    for t in replay:
+        by_problem[t["problem_id"]].append(t)
+    threshold = cfg.replay.success_threshold
+    answers = []
+    for t in sorted(replay, key=lambda t: t["trajectory_id"]):
+        if not (t["finished"] and t["reward"] is not None and iteration - span <= t["iteration"] < iteration):
+            continue
+        ref = None
+        if cfg.critic.use_reference:
+            ref = choose_reference(by_problem[t["problem_id"]], exclude=t["trajectory_id"], success_threshold=threshold)
+        cuts = cut_points(len(t["token_ids"]), cfg.rollout.chunk_tokens, finished=True)
+        answers.append((t["problem_id"], ref, t["token_ids"], t["reward"], cuts))
+    return answers
+
+
+def training_examples(
+    cfg: AC2Config, builder: CriticInputs, pairs: list[dict], scored: list[dict], replayed: list[Answer] = ()
+) -> list[Example]:
+    """Every distinct critic input with the positions it fits: pairs and ``replayed`` answers
+    (``recent_answers``), plus TD examples when enabled.
 
     A pair fits its state's last token. With ``critic.dense`` the states of one finished
     answer are fitted in one input, the whole answer, at every token: position ``head + c``
@@ -46,18 +82,22 @@ def training_examples(cfg: AC2Config, builder: CriticInputs, pairs: list[dict], 
     by_trajectory: dict[str, list[dict]] = {}
     for p in pairs:
         by_trajectory.setdefault(p["trajectory_id"], []).append(p)
-    for tid, ps in by_trajectory.items():
-        along = builder.build_along(ps[0]["problem_id"], ps[0]["ref_trajectory_id"], response[tid]) if cfg.critic.dense else None
+    answers: list[Answer] = [
+        (ps[0]["problem_id"], ps[0]["ref_trajectory_id"], response[tid], ps[0]["outcome"], [p["cut"] for p in ps])
+        for tid, ps in by_trajectory.items()
+    ]
+    for pid, ref, answer, outcome, cuts in [*answers, *replayed]:
+        along = builder.build_along(pid, ref, answer) if cfg.critic.dense else None
         if along is not None:
             x, head = along
             # each state weighs 1/L, the same for every answer: a state that several answers share
             # is fitted to their mean outcome, and an answer weighs about its number of pairs
             weight = 1.0 / cfg.rollout.chunk_tokens
-            fits.extend((x, head + c, ps[0]["outcome"], weight) for c in range(len(response[tid])))
+            fits.extend((x, head + c, outcome, weight) for c in range(len(answer)))
             continue
-        for p in ps:
-            x = builder.build(p["problem_id"], p["ref_trajectory_id"], response[tid][: p["cut"]])
-            fits.append((x, len(x) - 1, p["outcome"], 1.0))
+        for cut in cuts:
+            x = builder.build(pid, ref, answer[:cut])
+            fits.append((x, len(x) - 1, outcome, 1.0))
     if cfg.critic.td_weight > 0:
         L = cfg.rollout.chunk_tokens
         for s in scored:
@@ -116,8 +156,15 @@ def run(
     ckpt = store.take(critic, kind="critic")
     ckpt.trained_tokens = 0
     _match_as_configured(cfg, ckpt)
-    builder = CriticInputs(cfg, ckpt.tokenizer, Problems.load(problems), read(replay, "replay"))
-    examples = training_examples(cfg, builder, read(critic_pairs, "critic_pairs"), read(scored_chunks, "scored_chunks"))
+    replay_rows = read(replay, "replay")
+    builder = CriticInputs(cfg, ckpt.tokenizer, Problems.load(problems), replay_rows)
+    examples = training_examples(
+        cfg,
+        builder,
+        read(critic_pairs, "critic_pairs"),
+        read(scored_chunks, "scored_chunks"),
+        recent_answers(cfg, replay_rows, iteration),
+    )
     pad = ckpt.tokenizer.pad_token_id
     rng = rng_for(cfg, iteration, STAGE)
 
@@ -144,7 +191,7 @@ def run(
         ckpt.model.backbone.requires_grad_(False)
     trainer = store.trainer(ckpt)
     history = []
-    # the oracle (a diagnostic) is never trained: its checkpoint only passes through
+    # a diagnostic critic (oracle, blind) is never trained: its checkpoint only passes through
     for _ in range(cfg.critic.steps_per_iteration if examples and cfg.critic.kind == "learned" else 0):
         # each step fits a seeded draw of at most batch_size examples
         pick = sorted(rng.choice(len(examples), size=min(cfg.critic.batch_size, len(examples)), replace=False))

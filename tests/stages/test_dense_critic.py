@@ -96,3 +96,30 @@ def test_dense_examples_fit_every_state_of_an_answer_at_the_weight_of_its_pairs(
     assert total_pairs - len(answers) <= total_dense <= total_pairs
     assert sum(len(at) for _, at in dense) > sum(len(at) for _, at in by_state)  # more states than chunk boundaries
     assert outcomes == {0.0, 1.0}  # both outcomes, so a wrong pairing of states and targets would show
+
+
+def test_update_critic_also_fits_the_answers_replay_holds_from_recent_iterations(run_dir, tmp_path):
+    cfg = tiny_config(critic__max_input_tokens=128)
+    layout = RunLayout(str(run_dir))
+    store = ModelStore(cfg)
+    inprocess.run_iteration(cfg, layout, 1, store)
+    calls = {c.stage: c for c in inprocess.stage_calls(cfg, layout, 2)}
+    for stage in ("sample_prefixes", "generate_chunks", "score_chunks"):
+        calls[stage].run(cfg, store=store)
+    replayed = [
+        t
+        for t in storage.read_rows(layout.output(2, "replay"), kind="replay")
+        if t["iteration"] == 1 and t["finished"] and t["reward"] is not None
+    ]
+    assert replayed
+    fits = {}
+    for window in (0, 1):
+        c = tiny_config(critic__max_input_tokens=128, critic__replay_iterations=window)
+        call = dataclasses.replace(
+            calls["update_critic"], kwargs=calls["update_critic"].kwargs | {"out_critic": str(tmp_path / f"w{window}")}
+        )
+        fits[window] = call.run(c, store=ModelStore(c))
+    # iteration 1's answers are new inputs beside iteration 2's own (distinct answers, distinct inputs)
+    distinct = len({(t["problem_id"], tuple(t["token_ids"])) for t in replayed})
+    assert fits[0].examples < fits[1].examples <= fits[0].examples + distinct
+    assert fits[1].critic_tokens > fits[0].critic_tokens
