@@ -654,6 +654,61 @@ def solution_groups(run_dir: Path, upto: int | None = None) -> list[list[dict]]:
     return list(groups.values())
 
 
+def oracle_agreement(run_dir: Path, advantage, upto: int | None = None) -> dict:
+    """A DIAGNOSTIC for arith: the cosine between the run's chunk advantages (0 where the gate
+    held a row back) and the ones the oracle critic would have given the same chunks, its values
+    from the same iteration's whole answers (``stages.oracle_critic``) put through the run's own
+    chunk advantage (``advantage``: the config's baseline, std scaling and floor). 1 for an oracle
+    arm. Over the blind, learned and oracle critics the pace followed it (research log, section
+    20). Empty for other tasks and for a critic baseline (the oracle has no value at a prefix's
+    start here)."""
+    import torch
+
+    from ac2_core import storage
+    from ac2_core.math.advantages import group_advantages
+    from ac2_core.models.tokenizer import load_tokenizer
+    from ac2_core.runner.layout import RunLayout
+    from ac2_core.stages.oracle_critic import depth_rates, oracle_value
+
+    layout = RunLayout(str(run_dir))
+    problems = {p["problem_id"]: p for p in storage.read_rows(layout.bootstrap("problems"), kind="problems")}
+    if advantage.baseline == "critic" or not problems or any(p["task"] != "arith" for p in problems.values()):
+        return {}
+    tokenizer = load_tokenizer(layout.bootstrap("actor"))
+    dot = run_sq = oracle_sq = 0.0
+    for it in published(layout, upto):
+        scored = [
+            s
+            for s in storage.read_rows(layout.output(it, "scored_chunks"), kind="scored_chunks")
+            if s["reward"] is not None or not s["finished"]
+        ]
+        rows = {a["chunk_id"]: a for a in storage.read_rows(layout.output(it, "advantages"), kind="advantages")}
+        text = {s["chunk_id"]: tokenizer.decode(s["response_token_ids"], skip_special_tokens=True) for s in scored}
+        solution = lambda s: problems[s["problem_id"]]["solution"]  # noqa: E731
+        depths, rates = depth_rates(
+            [(solution(s), text[s["chunk_id"]], s["reward"]) for s in scored if s["mode"] == "full" and s["finished"]]
+        )
+        chunks = [s for s in scored if s["mode"] == "chunk"]
+        if not chunks:
+            continue
+        targets = [
+            s["reward"] if s["finished"] else oracle_value(solution(s), text[s["chunk_id"]], depths, rates) for s in chunks
+        ]
+        group = {pid: k for k, pid in enumerate(sorted({s["prefix_id"] for s in chunks}))}
+        oracle, _ = group_advantages(
+            torch.tensor(targets, dtype=torch.float64),
+            torch.tensor([group[s["prefix_id"]] for s in chunks]),
+            baseline=advantage.baseline,
+            scale_std=advantage.scale_std,
+            std_floor=advantage.std_floor,
+        )
+        run = [rows[s["chunk_id"]]["advantage"] * (rows[s["chunk_id"]]["weight"] > 0) for s in chunks]
+        dot += sum(a * b for a, b in zip(run, oracle.tolist()))
+        run_sq += sum(a * a for a in run)
+        oracle_sq += float((oracle**2).sum())
+    return {"chunk_oracle_cos": dot / (run_sq * oracle_sq) ** 0.5} if run_sq > 0 and oracle_sq > 0 else {}
+
+
 def differs(group: list[dict]) -> bool:
     """Whether some continuations of the group stay on the worked solution and some leave it."""
     return len({r["stays"] for r in group}) > 1
@@ -962,6 +1017,7 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
         diag[v, seed] = diagnose(run_dir, upto)
         diag[v, seed].update(credit_aim(run_dir, cfgs[v].rollout.chunk_tokens, upto=upto))
         diag[v, seed].update(fork_choices(run_dir, cfgs[v].warm_start.misconception_digits, upto=upto))
+        diag[v, seed].update(oracle_agreement(run_dir, cfgs[v].advantage, upto=upto))
     grpo_tokens = {s: runs[v, s][-1]["cum_decode_tokens"] / runs[v, s][-1]["iteration"] for v, s in runs if v == args.reference}
 
     def med(v: str, field: str, spec: str) -> str:
@@ -1008,12 +1064,14 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
         "Chunk groups against the task's worked solution (arith; a DIAGNOSTIC, nothing here feeds a run):",
         "| variant | prefix already off the solution | continuations differ in staying on"
         " | advantage ranks staying on above leaving, within those | share of |A| on those | of which points right"
-        " | V at an unfinished chunk's end from a prefix on it: stays on / leaves |",
+        " | V at an unfinished chunk's end from a prefix on it: stays on / leaves"
+        " | cosine of the chunk advantages with the oracle's on the same chunks |",
         lambda v: (
             f"| {v} | {med(v, 'chunk_start_off', '.2f')} | {med(v, 'chunk_mixed', '.2f')}"
             f" | {med(v, 'chunk_within_auc', '.3f')} | {med(v, 'chunk_abs_a_on_differ', '.3f')}"
             f" | {med(v, 'chunk_abs_a_right', '.3f')}"
-            f" | {med(v, 'chunk_v_stays', '.3f')} / {med(v, 'chunk_v_leaves', '.3f')} |"
+            f" | {med(v, 'chunk_v_stays', '.3f')} / {med(v, 'chunk_v_leaves', '.3f')}"
+            f" | {med(v, 'chunk_oracle_cos', '.3f')} |"
         ),
     )
     lines += table(
