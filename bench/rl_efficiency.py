@@ -668,7 +668,7 @@ def oracle_agreement(run_dir: Path, advantage, upto: int | None = None) -> dict:
     from ac2_core.math.advantages import group_advantages
     from ac2_core.models.tokenizer import load_tokenizer
     from ac2_core.runner.layout import RunLayout
-    from ac2_core.stages.oracle_critic import depth_rates, oracle_value
+    from ac2_core.stages.oracle_critic import depth_rates, oracle_value, whole_answers
 
     layout = RunLayout(str(run_dir))
     problems = {p["problem_id"]: p for p in storage.read_rows(layout.bootstrap("problems"), kind="problems")}
@@ -685,9 +685,7 @@ def oracle_agreement(run_dir: Path, advantage, upto: int | None = None) -> dict:
         rows = {a["chunk_id"]: a for a in storage.read_rows(layout.output(it, "advantages"), kind="advantages")}
         text = {s["chunk_id"]: tokenizer.decode(s["response_token_ids"], skip_special_tokens=True) for s in scored}
         solution = lambda s: problems[s["problem_id"]]["solution"]  # noqa: E731
-        depths, rates = depth_rates(
-            [(solution(s), text[s["chunk_id"]], s["reward"]) for s in scored if s["mode"] == "full" and s["finished"]]
-        )
+        depths, rates = depth_rates([(solution(s), text[s["chunk_id"]], s["reward"]) for s in whole_answers(scored)])
         chunks = [s for s in scored if s["mode"] == "chunk"]
         if not chunks:
             continue

@@ -19,6 +19,12 @@ import bisect
 from ac2_core.tasks.arith import agrees
 
 
+def whole_answers(scored: list[dict]) -> list[dict]:
+    """The scored_chunks rows a diagnostic critic's values come from: this iteration's
+    finished, graded full-mode answers."""
+    return [s for s in scored if s["mode"] == "full" and s["finished"] and s["reward"] is not None]
+
+
 def depth_rates(answers: list[tuple[str, str, float]]) -> tuple[list[int], list[float]]:
     """From (solution, answer text, reward) of finished full answers: for each depth ``d``
     at which some answer was still on its solution, ``(successes + 1) / (answers + 2)``.

@@ -199,12 +199,11 @@ def _put(r: CriticRequest, value: float, scored: list[dict], pairs: list[dict]) 
 def _apply_oracle(probs: Problems, tok, requests: list[CriticRequest], scored: list[dict], pairs: list[dict]) -> None:
     """The diagnostic oracle (``critic.kind: oracle``): its depth rates come from this
     iteration's finished, graded full-mode answers; it costs no critic FLOPs."""
-    from ac2_core.stages.oracle_critic import depth_rates, oracle_value
+    from ac2_core.stages.oracle_critic import depth_rates, oracle_value, whole_answers
 
     full = [
         (probs[s["problem_id"]]["solution"], tok.decode(s["response_token_ids"], skip_special_tokens=True), s["reward"])
-        for s in scored
-        if s["mode"] == "full" and s["finished"] and s["reward"] is not None
+        for s in whole_answers(scored)
     ]
     depths, rates = depth_rates(full)
     texts: dict[tuple, str] = {}
@@ -220,7 +219,9 @@ def _apply_blind(requests: list[CriticRequest], scored: list[dict], pairs: list[
     iteration's success rate of its finished, graded full-mode answers (add-one smoothed). An
     unfinished chunk then has no advantage within its group; only a chunk that finished can
     differ from its siblings, by its reward. It costs no critic FLOPs."""
-    rewards = [s["reward"] for s in scored if s["mode"] == "full" and s["finished"] and s["reward"] is not None]
+    from ac2_core.stages.oracle_critic import whole_answers
+
+    rewards = [s["reward"] for s in whole_answers(scored)]
     value = (sum(rewards) + 1.0) / (len(rewards) + 2.0)
     for r in requests:
         _put(r, value, scored, pairs)

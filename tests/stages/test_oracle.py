@@ -2,21 +2,36 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ac2_core import storage
 from ac2_core.models.store import ModelStore
 from ac2_core.runner import inprocess
 from ac2_core.runner.layout import RunLayout
 from ac2_core.stages.common import Problems
+from ac2_core.stages.oracle_critic import depth_rates
 from ac2_core.tasks.arith import agrees
 from tests.conftest import tiny_config
 
 
-def test_oracle_values_follow_the_worked_solution_and_the_critic_is_not_trained(run_dir):
-    cfg = tiny_config(critic__kind="oracle")
+def _two_iterations(kind: str, run_dir) -> tuple[RunLayout, ModelStore]:
+    cfg = tiny_config(critic__kind=kind)
     layout = RunLayout(str(run_dir))
     store = ModelStore(cfg)
     for it in (1, 2):
         inprocess.run_iteration(cfg, layout, it, store)
+    return layout, store
+
+
+def _assert_critic_untrained(layout: RunLayout, store: ModelStore) -> None:
+    """A diagnostic critic is never trained: its checkpoint only passes through."""
+    before = store.load(layout.bootstrap("critic"), kind="critic").model.state_dict()
+    after = store.load(layout.output(2, "critic"), kind="critic").model.state_dict()
+    assert all(bool((before[k] == after[k]).all()) for k in before)
+
+
+def test_oracle_values_follow_the_worked_solution_and_the_critic_is_not_trained(run_dir):
+    layout, store = _two_iterations("oracle", run_dir)
     probs = Problems.load(layout.bootstrap("problems"))
     tok = store.tokenizer(layout.bootstrap("actor"), kind="actor")
     scored = {s["chunk_id"]: s for s in storage.read_rows(layout.output(2, "scored_chunks"), kind="scored_chunks")}
@@ -28,27 +43,30 @@ def test_oracle_values_follow_the_worked_solution_and_the_critic_is_not_trained(
         assert (p["prediction"] > 0.0) == on_track, (state, p["prediction"])
         assert p["prediction"] < 1.0
     assert all(s["critic_flops"] == 0.0 for s in scored.values())
-    # the oracle is a diagnostic: the critic checkpoint passes through untrained
-    before = store.load(layout.bootstrap("critic"), kind="critic").model.state_dict()
-    after = store.load(layout.output(2, "critic"), kind="critic").model.state_dict()
-    assert all(bool((before[k] == after[k]).all()) for k in before)
+    _assert_critic_untrained(layout, store)
 
 
-def test_blind_critic_gives_every_state_the_iterations_success_rate_and_is_not_trained(run_dir):
-    cfg = tiny_config(critic__kind="blind")
-    layout = RunLayout(str(run_dir))
-    store = ModelStore(cfg)
-    for it in (1, 2):
-        inprocess.run_iteration(cfg, layout, it, store)
-    scored = storage.read_rows(layout.output(2, "scored_chunks"), kind="scored_chunks")
-    pairs = storage.read_rows(layout.output(2, "critic_pairs"), kind="critic_pairs")
-    assert pairs
-    rewards = [s["reward"] for s in scored if s["mode"] == "full" and s["finished"] and s["reward"] is not None]
-    rate = (sum(rewards) + 1.0) / (len(rewards) + 2.0)
-    assert {p["prediction"] for p in pairs} == {rate}
+def test_blind_critic_gives_every_state_the_oracles_rate_from_the_start_and_is_not_trained(run_dir):
+    layout, store = _two_iterations("blind", run_dir)
+    probs = Problems.load(layout.bootstrap("problems"))
+    tok = store.tokenizer(layout.bootstrap("actor"), kind="actor")
+    read = lambda it, name: storage.read_rows(layout.output(it, name), kind=name)  # noqa: E731
+    # iteration 1 decodes whole answers: the blind value is the oracle's rate at depth 0, where
+    # every whole answer is still on track
+    full = [
+        (probs[s["problem_id"]]["solution"], tok.decode(s["response_token_ids"], skip_special_tokens=True), s["reward"])
+        for s in read(1, "scored_chunks")
+        if s["mode"] == "full" and s["finished"]
+    ]
+    depths, rates = depth_rates(full)
+    assert full and depths[0] == 0
+    (value,) = {p["prediction"] for p in read(1, "critic_pairs")}  # one value for every state
+    assert value == pytest.approx(rates[0], rel=1e-6)  # stored as float32
+    # iteration 2 is all chunks: without a whole answer the value is an honest "don't know"
+    scored, pairs = read(2, "scored_chunks"), read(2, "critic_pairs")
+    assert pairs and not any(s["mode"] == "full" for s in scored)
+    assert {p["prediction"] for p in pairs} == {0.5}
     unfinished = [s for s in scored if not s["finished"]]
-    assert unfinished and all(s["target"] == rate for s in unfinished)
-    assert all(s["critic_flops"] == 0.0 for s in scored)
-    before = store.load(layout.bootstrap("critic"), kind="critic").model.state_dict()
-    after = store.load(layout.output(2, "critic"), kind="critic").model.state_dict()
-    assert all(bool((before[k] == after[k]).all()) for k in before)
+    assert unfinished and all(s["target"] == 0.5 for s in unfinished)
+    assert all(s["critic_flops"] == 0.0 for s in read(1, "scored_chunks") + scored)
+    _assert_critic_untrained(layout, store)
