@@ -76,6 +76,9 @@ FORK_SUCCESS_ONLY = {**FORK, "rollout.prefix_source": "success_only"}
 SOURCE_REF = {"critic.source_reference": True}  # a prefix whose only success is its source is shown that source
 # every trained row weighs alike, its tokens averaged within it: a 16-token chunk weighs as a whole answer does
 ROW = {"actor.loss_aggregation": "row"}
+# twice the problems an iteration, spending chunk mode's saving on more of them; run to the same decode budget as a
+# 64-problem GRPO over 80 iterations for GRPO (40 iterations) and to 48 for AC2 (research log section 21)
+B128 = {"rollout.problems_per_iteration": 128}
 VARIANTS: dict[str, dict] = {
     "ac2": {},
     "ac2_oracle": ORACLE,
@@ -298,6 +301,32 @@ VARIANTS: dict[str, dict] = {
         **S2,
         **ROW,
     },
+    # ... and the learned success_only arm, its oracle and GRPO with 128 problems an iteration (research log section
+    # 21): GRPO at 64 problems learned far faster per iteration than at 32, so a batch AC2's saving pays for may too
+    "ac2_floor_age8_one_srconly_srcref_match_b128_s2": {
+        "readiness.gate": False,
+        **FORK_SUCCESS_ONLY,
+        **FLOOR,
+        **AGE8,
+        **ONE,
+        **S2,
+        **MATCH,
+        **SOURCE_REF,
+        **B128,
+        "run.iterations": 48,
+    },
+    "ac2_oracle_floor_age8_one_srconly_b128_s2": {
+        **ORACLE,
+        "readiness.gate": False,
+        **FORK_SUCCESS_ONLY,
+        **FLOOR,
+        **AGE8,
+        **ONE,
+        **S2,
+        **B128,
+        "run.iterations": 48,
+    },
+    "grpo_b128_s2": {"algorithm": "grpo", **S2, **B128, "run.iterations": 40},
     # GRPO's search on the forking toy, around its best setting of the old toy (two steps at lr 3e-5)
     "grpo_skip_s2": {"algorithm": "grpo", "rollout.skip_solved_groups": 2, **S2},
     "grpo_s2_lr5": {"algorithm": "grpo", **S2, "actor.lr": 5e-5},
@@ -531,6 +560,35 @@ def headline(runs: dict, window: int, reference: str = "grpo") -> tuple[dict, di
                 "best": max(p["ma"] for p in pts),
             }
     return peaks, ratios
+
+
+MILESTONES = (0.25, 0.5, 0.75)
+
+
+def milestone_ratios(runs: dict, window: int, reference: str, fractions: Sequence[float] = MILESTONES) -> dict:
+    """Per (variant, seed): the decode FLOPs ratio at GRPO's score ``fraction`` of the way
+    through its run (its moving average at the last evaluation there), one entry per
+    fraction, None where the run never reaches that score. Beside the headline's peak, these
+    say whether a ratio holds at every score GRPO passes or hangs on where its run stopped."""
+    out = {}
+    for seed in sorted({s for v, s in runs if v == reference}):
+        ref = curve(runs[reference, seed], window)
+        if not ref:
+            continue
+        targets = []
+        for f in fractions:
+            at = [p for p in ref if p["iteration"] <= f * ref[-1]["iteration"]]
+            if at:  # GRPO's own cost is where it first reached that score
+                targets.append((at[-1]["ma"], first_reaching(ref, at[-1]["ma"])["flops"]))
+            else:
+                targets.append(None)
+        for (variant, s), recs in runs.items():
+            if s != seed:
+                continue
+            pts = curve(recs, window)
+            hits = [t and first_reaching(pts, t[0]) for t in targets]
+            out[variant, seed] = [t[1] / h["flops"] if t and h else None for t, h in zip(targets, hits)]
+    return out
 
 
 def diagnose(run_dir: Path, upto: int | None = None) -> dict:
@@ -899,6 +957,7 @@ def _fmt(x: float | None, spec: str) -> str:
 
 def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
     peaks, ratios = headline(runs, args.smooth, args.reference)
+    milestones = milestone_ratios(runs, args.smooth, args.reference)
     standard_errors = [
         eval_standard_error(r["val_score"], args.val_answers)
         for recs in runs.values()
@@ -968,6 +1027,24 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
             f" (spread over seeds: {min(p['peak'] for p in peaks.values()):.3f}–{max(p['peak'] for p in peaks.values()):.3f})."
             if peaks
             else "."
+        ),
+        "",
+        "The same ratio at the score GRPO had "
+        + ", ".join(f"{f:.0%}" for f in MILESTONES)
+        + " of the way through its run (median over the seeds that reach it [min–max], seeds reaching it):"
+        " a ratio that holds at every score GRPO passes does not hang on where GRPO's run stopped.",
+        "",
+        "| variant | " + " | ".join(f"at {f:.0%} of GRPO's run" for f in MILESTONES) + " |",
+        "|---|" + "---:|" * len(MILESTONES),
+        *(
+            f"| {v} | "
+            + " | ".join(
+                f"{_median_spread([x for x in col if x is not None])} ({sum(x is not None for x in col)}/{len(col)})"
+                for col in zip(*(m for (mv, _), m in milestones.items() if mv == v))
+            )
+            + " |"
+            for v in variants
+            if any(mv == v for mv, _ in milestones)
         ),
         "",
         f"Evaluation noise: one evaluation grades {args.val_answers:,} answers; at the scores seen its binomial standard"
