@@ -79,6 +79,12 @@ ROW = {"actor.loss_aggregation": "row"}
 # twice the problems an iteration, spending chunk mode's saving on more of them; run to the same decode budget as a
 # 64-problem GRPO over 80 iterations for GRPO (40 iterations) and to 48 for AC2 (research log section 21)
 B128 = {"rollout.problems_per_iteration": 128}
+# the success_only recipe (research log sections 19-21): the gate off, fork cuts from successes alone, std-scaled
+# chunk advantages with the floor, states at most 8 iterations old, one-answer refreshes and two steps; the learned
+# critic also reads its run along the reference and is shown the source where it is the only success
+SRCONLY = {"readiness.gate": False, **FORK_SUCCESS_ONLY, **FLOOR, **AGE8, **ONE, **S2}
+LEARNED_SRCONLY = {**SRCONLY, **MATCH, **SOURCE_REF}
+ORACLE_SRCONLY = {**ORACLE, **SRCONLY}
 VARIANTS: dict[str, dict] = {
     "ac2": {},
     "ac2_oracle": ORACLE,
@@ -259,73 +265,16 @@ VARIANTS: dict[str, dict] = {
     "ac2_blind_floor_age8_one_fork_s2": {**BLIND, "readiness.gate": False, **FORK, **FLOOR, **AGE8, **ONE, **S2},
     # ... with prefixes cut from successes alone (section 19: where a problem was never solved the learned critic has
     # no reference and ranked below chance), and its oracle
-    "ac2_floor_age8_one_srconly_srcref_match_s2": {
-        "readiness.gate": False,
-        **FORK_SUCCESS_ONLY,
-        **FLOOR,
-        **AGE8,
-        **ONE,
-        **S2,
-        **MATCH,
-        **SOURCE_REF,
-    },
-    "ac2_oracle_floor_age8_one_srconly_s2": {
-        **ORACLE,
-        "readiness.gate": False,
-        **FORK_SUCCESS_ONLY,
-        **FLOOR,
-        **AGE8,
-        **ONE,
-        **S2,
-    },
+    "ac2_floor_age8_one_srconly_srcref_match_s2": LEARNED_SRCONLY,
+    "ac2_oracle_floor_age8_one_srconly_s2": ORACLE_SRCONLY,
     # ... and both with every trained row weighed alike (research log section 20): under token aggregation the
     # chunk rows held about a quarter of the actor's gradient
-    "ac2_floor_age8_one_srconly_srcref_match_row_s2": {
-        "readiness.gate": False,
-        **FORK_SUCCESS_ONLY,
-        **FLOOR,
-        **AGE8,
-        **ONE,
-        **S2,
-        **MATCH,
-        **SOURCE_REF,
-        **ROW,
-    },
-    "ac2_oracle_floor_age8_one_srconly_row_s2": {
-        **ORACLE,
-        "readiness.gate": False,
-        **FORK_SUCCESS_ONLY,
-        **FLOOR,
-        **AGE8,
-        **ONE,
-        **S2,
-        **ROW,
-    },
+    "ac2_floor_age8_one_srconly_srcref_match_row_s2": {**LEARNED_SRCONLY, **ROW},
+    "ac2_oracle_floor_age8_one_srconly_row_s2": {**ORACLE_SRCONLY, **ROW},
     # ... and the learned success_only arm, its oracle and GRPO with 128 problems an iteration (research log section
     # 21): GRPO at 64 problems learned far faster per iteration than at 32, so a batch AC2's saving pays for may too
-    "ac2_floor_age8_one_srconly_srcref_match_b128_s2": {
-        "readiness.gate": False,
-        **FORK_SUCCESS_ONLY,
-        **FLOOR,
-        **AGE8,
-        **ONE,
-        **S2,
-        **MATCH,
-        **SOURCE_REF,
-        **B128,
-        "run.iterations": 48,
-    },
-    "ac2_oracle_floor_age8_one_srconly_b128_s2": {
-        **ORACLE,
-        "readiness.gate": False,
-        **FORK_SUCCESS_ONLY,
-        **FLOOR,
-        **AGE8,
-        **ONE,
-        **S2,
-        **B128,
-        "run.iterations": 48,
-    },
+    "ac2_floor_age8_one_srconly_srcref_match_b128_s2": {**LEARNED_SRCONLY, **B128, "run.iterations": 48},
+    "ac2_oracle_floor_age8_one_srconly_b128_s2": {**ORACLE_SRCONLY, **B128, "run.iterations": 48},
     "grpo_b128_s2": {"algorithm": "grpo", **S2, **B128, "run.iterations": 40},
     # GRPO's search on the forking toy, around its best setting of the old toy (two steps at lr 3e-5)
     "grpo_skip_s2": {"algorithm": "grpo", "rollout.skip_solved_groups": 2, **S2},
@@ -726,7 +675,7 @@ def oracle_agreement(run_dir: Path, advantage, upto: int | None = None) -> dict:
     from ac2_core.math.advantages import group_advantages
     from ac2_core.models.tokenizer import load_tokenizer
     from ac2_core.runner.layout import RunLayout
-    from ac2_core.stages.oracle_critic import depth_rates, oracle_value, whole_answers
+    from ac2_core.stages.oracle_critic import oracle_value, whole_answer_rates
 
     layout = RunLayout(str(run_dir))
     problems = {p["problem_id"]: p for p in storage.read_rows(layout.bootstrap("problems"), kind="problems")}
@@ -740,15 +689,18 @@ def oracle_agreement(run_dir: Path, advantage, upto: int | None = None) -> dict:
             for s in storage.read_rows(layout.output(it, "scored_chunks"), kind="scored_chunks")
             if s["reward"] is not None or not s["finished"]
         ]
-        rows = {a["chunk_id"]: a for a in storage.read_rows(layout.output(it, "advantages"), kind="advantages")}
-        text = {s["chunk_id"]: tokenizer.decode(s["response_token_ids"], skip_special_tokens=True) for s in scored}
-        solution = lambda s: problems[s["problem_id"]]["solution"]  # noqa: E731
-        depths, rates = depth_rates([(solution(s), text[s["chunk_id"]], s["reward"]) for s in whole_answers(scored)])
         chunks = [s for s in scored if s["mode"] == "chunk"]
         if not chunks:
             continue
+        rows = {a["chunk_id"]: a for a in storage.read_rows(layout.output(it, "advantages"), kind="advantages")}
+        solution = lambda pid: problems[pid]["solution"]  # noqa: E731
+        decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        depths, rates = whole_answer_rates(scored, solution, decode)
         targets = [
-            s["reward"] if s["finished"] else oracle_value(solution(s), text[s["chunk_id"]], depths, rates) for s in chunks
+            s["reward"]
+            if s["finished"]
+            else oracle_value(solution(s["problem_id"]), decode(s["response_token_ids"]), depths, rates)
+            for s in chunks
         ]
         group = {pid: k for k, pid in enumerate(sorted({s["prefix_id"] for s in chunks}))}
         oracle, _ = group_advantages(

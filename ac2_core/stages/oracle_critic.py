@@ -15,6 +15,7 @@ the algorithm's structure allows from what a learned critic delivers (``critic.k
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 
 from ac2_core.tasks.arith import agrees
 
@@ -42,6 +43,14 @@ def depth_rates(answers: list[tuple[str, str, float]]) -> tuple[list[int], list[
             acc[1] += 1
     depths = sorted(counts)
     return depths, [(counts[d][0] + 1.0) / (counts[d][1] + 2.0) for d in depths]
+
+
+def whole_answer_rates(
+    scored: list[dict], solution: Callable[[str], str], decode: Callable[[list[int]], str]
+) -> tuple[list[int], list[float]]:
+    """``depth_rates`` of an iteration's ``whole_answers``: ``solution`` maps a problem id to
+    its worked solution, ``decode`` an answer's token ids to its text."""
+    return depth_rates([(solution(s["problem_id"]), decode(s["response_token_ids"]), s["reward"]) for s in whole_answers(scored)])
 
 
 def oracle_value(solution: str, state: str, depths: list[int], rates: list[float]) -> float:

@@ -199,13 +199,11 @@ def _put(r: CriticRequest, value: float, scored: list[dict], pairs: list[dict]) 
 def _apply_oracle(probs: Problems, tok, requests: list[CriticRequest], scored: list[dict], pairs: list[dict]) -> None:
     """The diagnostic oracle (``critic.kind: oracle``): its depth rates come from this
     iteration's finished, graded full-mode answers; it costs no critic FLOPs."""
-    from ac2_core.stages.oracle_critic import depth_rates, oracle_value, whole_answers
+    from ac2_core.stages.oracle_critic import oracle_value, whole_answer_rates
 
-    full = [
-        (probs[s["problem_id"]]["solution"], tok.decode(s["response_token_ids"], skip_special_tokens=True), s["reward"])
-        for s in whole_answers(scored)
-    ]
-    depths, rates = depth_rates(full)
+    depths, rates = whole_answer_rates(
+        scored, lambda pid: probs[pid]["solution"], lambda ids: tok.decode(ids, skip_special_tokens=True)
+    )
     texts: dict[tuple, str] = {}
     for r in requests:
         key = tuple(r.state)

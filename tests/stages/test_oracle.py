@@ -9,7 +9,7 @@ from ac2_core.models.store import ModelStore
 from ac2_core.runner import inprocess
 from ac2_core.runner.layout import RunLayout
 from ac2_core.stages.common import Problems
-from ac2_core.stages.oracle_critic import depth_rates
+from ac2_core.stages.oracle_critic import whole_answer_rates
 from ac2_core.tasks.arith import agrees
 from tests.conftest import tiny_config
 
@@ -53,13 +53,11 @@ def test_blind_critic_gives_every_state_the_oracles_rate_from_the_start_and_is_n
     read = lambda it, name: storage.read_rows(layout.output(it, name), kind=name)  # noqa: E731
     # iteration 1 decodes whole answers: the blind value is the oracle's rate at depth 0, where
     # every whole answer is still on track
-    full = [
-        (probs[s["problem_id"]]["solution"], tok.decode(s["response_token_ids"], skip_special_tokens=True), s["reward"])
-        for s in read(1, "scored_chunks")
-        if s["mode"] == "full" and s["finished"]
-    ]
-    depths, rates = depth_rates(full)
-    assert full and depths[0] == 0
+    first = read(1, "scored_chunks")
+    depths, rates = whole_answer_rates(
+        first, lambda pid: probs[pid]["solution"], lambda ids: tok.decode(ids, skip_special_tokens=True)
+    )
+    assert any(s["mode"] == "full" and s["finished"] for s in first) and depths[0] == 0
     (value,) = {p["prediction"] for p in read(1, "critic_pairs")}  # one value for every state
     assert value == pytest.approx(rates[0], rel=1e-6)  # stored as float32
     # iteration 2 is all chunks: without a whole answer the value is an honest "don't know"
@@ -68,5 +66,5 @@ def test_blind_critic_gives_every_state_the_oracles_rate_from_the_start_and_is_n
     assert {p["prediction"] for p in pairs} == {0.5}
     unfinished = [s for s in scored if not s["finished"]]
     assert unfinished and all(s["target"] == 0.5 for s in unfinished)
-    assert all(s["critic_flops"] == 0.0 for s in read(1, "scored_chunks") + scored)
+    assert all(s["critic_flops"] == 0.0 for s in first + scored)
     _assert_critic_untrained(layout, store)
