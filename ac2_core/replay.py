@@ -8,7 +8,7 @@ prefixes at chunk boundaries of replayed trajectories (docs/design.md section 2,
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,7 +62,13 @@ def _graded_whole_answer(t: dict) -> bool:
 
 
 def choose_reference(
-    trajectories: Iterable[dict], *, exclude: str | None, success_threshold: float, or_excluded: bool = False
+    trajectories: Iterable[dict],
+    *,
+    exclude: str | None,
+    success_threshold: float,
+    or_excluded: bool = False,
+    likelihood: Mapping[str, float] | None = None,
+    min_logprob: float | None = None,
 ) -> str | None:
     """The latest successful finished trajectory of one problem other than ``exclude``; with
     ``or_excluded``, ``exclude`` itself when it is the only success.
@@ -70,11 +76,30 @@ def choose_reference(
     ``exclude`` is the trajectory a chunk's prefix was cut from. Its continuations are fresh
     answers, so showing it leaks no outcome; ``critic.source_reference`` sets ``or_excluded``,
     and by default such a prefix has no reference.
+
+    With ``likelihood`` (each success's summed log-probability under the current actor), the
+    most likely success instead of the latest, and none below ``min_logprob``: a lucky success,
+    one the policy would seldom write again, leads a critic that follows it astray
+    (``critic.reference_min_logprob``; docs/algorithm.md, research log section 22).
     """
     ok = [t for t in trajectories if t["finished"] and t["reward"] is not None and t["reward"] >= success_threshold]
+    key = _newest_first
+    if likelihood is not None:
+        lucky = lucky_successes(likelihood, min_logprob)
+        ok = [t for t in ok if t["trajectory_id"] not in lucky]
+        key = lambda t: (-likelihood[t["trajectory_id"]], *_newest_first(t))  # noqa: E731
     others = [t for t in ok if t["trajectory_id"] != exclude]
     pick = others or (ok if or_excluded else [])
-    return min(pick, key=_newest_first)["trajectory_id"] if pick else None
+    return min(pick, key=key)["trajectory_id"] if pick else None
+
+
+def lucky_successes(likelihood: Mapping[str, float], min_logprob: float | None) -> set[str]:
+    """The successes in ``likelihood`` whose summed log-probability falls below ``min_logprob``
+    (none without one): answers that succeeded by a route the policy seldom takes, such as a
+    slip that cancels an earlier error."""
+    if min_logprob is None:
+        return set()
+    return {tid for tid, logprob in likelihood.items() if logprob < min_logprob}
 
 
 def merge_replay(replay: list[dict], new: list[dict], *, max_per_problem: int, whole_first: bool = False) -> list[dict]:
@@ -170,6 +195,7 @@ def plan_prefixes(
     success_threshold: float | None = None,
     only_successes: bool = False,
     since_iteration: int | None = None,
+    lucky: Collection[str] = (),
 ) -> list[PlannedPrefix]:
     """Full mode: one empty prefix with the whole budget. Chunk mode: up to ``k`` prefixes
     cut at chunk boundaries of replayed trajectories, each with budget ``chunk_tokens``.
@@ -184,7 +210,8 @@ def plan_prefixes(
     with at least that reward, when the problem has any: a state on a path that succeeded
     can still succeed, so its continuations can differ in outcome, where a state past an
     answer's fatal error teaches nothing (every continuation fails alike). With
-    ``only_successes`` too, a problem without one is planned in full mode.
+    ``only_successes`` too, a problem without one is planned in full mode. A success in
+    ``lucky`` (``lucky_successes``) does not count as one.
     """
     full = [PlannedPrefix(problem_id, "full", None, [], max_response_tokens)]
     if not chunk_mode:
@@ -192,7 +219,11 @@ def plan_prefixes(
     if since_iteration is not None:
         trajectories = [t for t in trajectories if t["source_trajectory_id"] is None and t["iteration"] >= since_iteration]
     if success_threshold is not None:
-        succeeded = [t for t in trajectories if t["finished"] and t["reward"] is not None and t["reward"] >= success_threshold]
+        succeeded = [
+            t
+            for t in trajectories
+            if t["finished"] and t["reward"] is not None and t["reward"] >= success_threshold and t["trajectory_id"] not in lucky
+        ]
         trajectories = succeeded if only_successes else succeeded or trajectories
     candidates = [
         (t, cut)

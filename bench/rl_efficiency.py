@@ -276,6 +276,10 @@ VARIANTS: dict[str, dict] = {
     "ac2_floor_age8_one_srconly_srcref_match_b128_s2": {**LEARNED_SRCONLY, **B128, "run.iterations": 48},
     "ac2_oracle_floor_age8_one_srconly_b128_s2": {**ORACLE_SRCONLY, **B128, "run.iterations": 48},
     "grpo_b128_s2": {"algorithm": "grpo", **S2, **B128, "run.iterations": 40},
+    # ... and the learned success_only arm shown the problem's most likely success under the current actor, with
+    # those it would write again with probability under e^-2 (lucky: a slip that cancelled an earlier error) neither
+    # shown nor cut from (research log section 22)
+    "ac2_floor_age8_one_srconly_srcref_match_likely_s2": {**LEARNED_SRCONLY, "critic.reference_min_logprob": -2.0},
     # GRPO's search on the forking toy, around its best setting of the old toy (two steps at lr 3e-5)
     "grpo_skip_s2": {"algorithm": "grpo", "rollout.skip_solved_groups": 2, **S2},
     "grpo_s2_lr5": {"algorithm": "grpo", **S2, "actor.lr": 5e-5},

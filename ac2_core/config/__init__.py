@@ -418,6 +418,15 @@ class CriticConfig(Section):
         " cut from as its reference (its continuations are fresh answers, so none is its own reference); false: such"
         " a prefix has no reference",
     )
+    reference_min_logprob: float | None = Field(
+        None,
+        le=0,
+        description="sample_prefixes weighs each success of a chosen problem by its summed log-probability under the"
+        " current actor and shows the critic the most likely one instead of the latest; a success below this is lucky"
+        " (the policy seldom writes it again, as when a slip cancels an earlier error): it is neither a reference nor,"
+        " under rollout.prefix_source success or success_only, a prefix source. Its tokens are billed as prefill."
+        " The sum suits short answers (arith's); null: the latest success, nothing read",
+    )
     train_backbone: bool = Field(
         True,
         description="update_critic trains the backbone with the value head; false trains the head alone (the backbone"
@@ -455,6 +464,8 @@ class CriticConfig(Section):
             raise ValueError("reference_match reads the reference the critic is shown; it needs use_reference true")
         if self.source_reference and not self.use_reference:
             raise ValueError("source_reference picks a reference to show the critic; it needs use_reference true")
+        if self.reference_min_logprob is not None and not self.use_reference:
+            raise ValueError("reference_min_logprob picks a reference to show the critic; it needs use_reference true")
         return self
 
 

@@ -15,6 +15,7 @@ from ac2_core.replay import (
     choose_reference,
     highest_entropy_cuts,
     least_likely_cuts,
+    lucky_successes,
     merge_replay,
     pick_problems,
     plan_prefixes,
@@ -93,13 +94,21 @@ def run(
         revisit_fraction=cfg.rollout.revisit_fraction,
         rng=rng,
     )
-    rows = [
-        {"run_id": cfg.run_id, "iteration": iteration, "policy_version": policy_version, **plan}
-        for pid in chosen
-        for plan in _plans(cfg, iteration, pid, by_problem[pid], ready, rng)
-    ]
+    store = store or ModelStore(cfg)
+    likely = None
+    if cfg.uses_critic and cfg.critic.use_reference and cfg.critic.reference_min_logprob is not None:
+        likely = _success_likelihoods(cfg, {pid: by_problem[pid] for pid in chosen}, probs, actor, store)
+    rows = []
+    for pid in chosen:
+        plans = [
+            {"run_id": cfg.run_id, "iteration": iteration, "policy_version": policy_version, **plan}
+            for plan in _plans(cfg, iteration, pid, by_problem[pid], ready, rng, likely.logprob if likely else None)
+        ]
+        if likely and likely.scanned.get(pid):  # the problem's scan, billed once, on its first row
+            plans[0]["cut_scan_tokens"] = likely.scanned[pid]
+        rows.extend(plans)
     if cfg.rollout.prefix_cut != "boundary":
-        rows = _cut_where_uncertain(cfg, rows, merged, probs, actor, store or ModelStore(cfg))
+        rows = _cut_where_uncertain(cfg, rows, merged, probs, actor, store)
     write(cfg, STAGE, out_replay, merged, "replay")
     prefix_hash = write(cfg, STAGE, out_prefixes, rows, "prefixes")
     chunk_groups = sum(r["mode"] == "chunk" for r in rows)
@@ -162,14 +171,59 @@ def _cut_where_uncertain(
         if r["mode"] == "chunk" and s in cuts:
             if taken[s] < len(cuts[s]):  # a trajectory with fewer tokens than prefixes keeps its boundary cuts
                 cut = cuts[s][taken[s]]
+                billed = r["cut_scan_tokens"] or 0  # the problem's reference scan, if any
                 r = r | {
                     "prefix_token_ids": list(by_id[s]["token_ids"][:cut]),
                     "budget": min(cfg.rollout.chunk_tokens, limit - cut),
-                    "cut_scan_tokens": scanned[s] if taken[s] == 0 else None,  # one scan per trajectory, billed once
+                    "cut_scan_tokens": billed + scanned[s] if taken[s] == 0 else r["cut_scan_tokens"],  # one scan a trajectory
                 }
             taken[s] += 1
         out.append(r)
     return out
+
+
+@dataclass(frozen=True)
+class _Likelihoods:
+    logprob: dict[str, float]  # each success of the chosen problems: its summed log-probability under the actor
+    scanned: dict[str, int]  # tokens the actor read, per problem
+
+
+def _success_likelihoods(
+    cfg: AC2Config, trajectories: dict[str, list[dict]], probs: Problems, actor: str, store: ModelStore
+) -> _Likelihoods:
+    """Each success of the given problems, weighed by how likely the current actor is to write it
+    again: its tokens' summed log-probability at the rollout temperature (``critic.reference_min_logprob``).
+
+    The critic follows the reference it is shown, so a success that left the worked route and came
+    back by a second error leads it to rate highly the continuations that leave the route the same
+    way (docs/algorithm.md, research log sections 21-22). Such a success holds a token or two the
+    policy seldom writes; one on the route it keeps does not."""
+    import torch
+
+    from ac2_core.generation.hf import token_logprobs
+
+    threshold = cfg.replay.success_threshold
+    successes = sorted(
+        (t for ts in trajectories.values() for t in ts if t["finished"] and t["reward"] is not None and t["reward"] >= threshold),
+        key=lambda t: t["trajectory_id"],
+    )
+    successes = [t for t in successes if t["token_ids"]]
+    if not successes:
+        return _Likelihoods({}, {})
+    policy = store.load(actor, kind="actor")
+    tok = policy.tokenizer
+    contexts = [prompt_ids(tok, probs[t["problem_id"]]["prompt"]) for t in successes]
+    answers = [t["token_ids"] for t in successes]
+    logprob, scanned = {}, defaultdict(int)
+    step, kw = cfg.actor.micro_batch_size, dict(pad_id=tok.pad_token_id, temperature=cfg.rollout.temperature)
+    with torch.no_grad():
+        for i in range(0, len(successes), step):
+            values, mask = token_logprobs(policy.model, contexts[i : i + step], answers[i : i + step], **kw)
+            for t, total in zip(successes[i : i + step], (values * mask).sum(-1).double().cpu().tolist()):
+                logprob[t["trajectory_id"]] = total
+    for t, context in zip(successes, contexts):
+        scanned[t["problem_id"]] += len(context) + len(t["token_ids"])
+    return _Likelihoods(logprob, dict(scanned))
 
 
 def _solved_recently(cfg: AC2Config, by_problem: dict[str, list[dict]]) -> set[str]:
@@ -183,10 +237,19 @@ def _solved_recently(cfg: AC2Config, by_problem: dict[str, list[dict]]) -> set[s
     }
 
 
-def _plans(cfg: AC2Config, iteration: int, pid: str, trajectories: list[dict], ready: set[str], rng: np.random.Generator):
+def _plans(
+    cfg: AC2Config,
+    iteration: int,
+    pid: str,
+    trajectories: list[dict],
+    ready: set[str],
+    rng: np.random.Generator,
+    likelihood: dict[str, float] | None = None,
+):
     """The prefixes rows of one chosen problem (without run_id, iteration and policy_version).
 
-    ``rng`` is the stage's one stream: every problem draws its probe flag, then its plans."""
+    ``rng`` is the stage's one stream: every problem draws its probe flag, then its plans.
+    ``likelihood`` (``_success_likelihoods``) picks the references and sets the lucky successes apart."""
     chunking_on = cfg.chunking_on(iteration)
     is_probe = rng.random() < cfg.rollout.probe_fraction  # drawn for every problem: one stream for all
     plans = plan_prefixes(
@@ -200,6 +263,7 @@ def _plans(cfg: AC2Config, iteration: int, pid: str, trajectories: list[dict], r
         success_threshold=cfg.replay.success_threshold if cfg.rollout.prefix_source != "any" else None,
         only_successes=cfg.rollout.prefix_source == "success_only",
         since_iteration=None if cfg.rollout.prefix_max_age is None else iteration - cfg.rollout.prefix_max_age,
+        lucky=lucky_successes(likelihood, cfg.critic.reference_min_logprob) if likelihood is not None else (),
     )
     # a revisited problem's full-mode answers measured against its replayed success rate (one answer may do)
     rate = whole_answer_rate(trajectories) if cfg.replay_rate_on(iteration) else None
@@ -211,6 +275,8 @@ def _plans(cfg: AC2Config, iteration: int, pid: str, trajectories: list[dict], r
                 exclude=plan.source_trajectory_id,
                 success_threshold=cfg.replay.success_threshold,
                 or_excluded=cfg.critic.source_reference,  # the only success may be the source (research log, section 19)
+                likelihood=likelihood,
+                min_logprob=cfg.critic.reference_min_logprob,
             )
         yield {
             "prefix_id": f"{pid}-i{iteration:05d}-p{k}",
@@ -221,4 +287,5 @@ def _plans(cfg: AC2Config, iteration: int, pid: str, trajectories: list[dict], r
             "budget": plan.budget,
             "ref_trajectory_id": ref,
             "baseline_rate": rate if plan.mode == "full" else None,
+            "cut_scan_tokens": None,
         }

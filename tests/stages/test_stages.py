@@ -540,10 +540,10 @@ def _answer(tid, reward, it=1):
                 source_trajectory_id=None, token_ids=list(range(40)), finished=True, reward=reward)  # fmt: skip
 
 
-def _planned(trajectories, **overrides):
+def _planned(trajectories, likelihood=None, **overrides):
     """(mode, source, reference) of each prefix ``sample_prefixes`` plans for ready problem ``p`` at iteration 2."""
     cfg = tiny_config(**{"rollout__prefix_source": "success", **overrides})
-    plans = sample_prefixes._plans(cfg, 2, "p", trajectories, {"p"}, np.random.default_rng(0))
+    plans = sample_prefixes._plans(cfg, 2, "p", trajectories, {"p"}, np.random.default_rng(0), likelihood)
     return [(p["mode"], p["source_trajectory_id"], p["ref_trajectory_id"]) for p in plans]
 
 
@@ -556,6 +556,19 @@ def test_success_only_prefixes_send_a_problem_without_a_success_to_full_mode():
     won = [*lost, _answer("won", 1.0)]
     assert {(m, src) for m, src, _ in _planned(won, rollout__prefix_source="success_only")} == {("chunk", "won")}
     assert _planned(won, rollout__prefix_source="success_only") == _planned(won)
+
+
+def test_a_lucky_success_is_neither_a_prefix_source_nor_a_reference():
+    won = [_answer("lost", 0.0), _answer("won", 1.0), _answer("lucky", 1.0, it=2)]
+    likelihood = {"won": -0.5, "lucky": -6.0}
+    only = {"rollout__prefix_source": "success_only", "critic__reference_min_logprob": -2.0}
+    # unweighed, both successes count: here both prefixes are cut from the lucky one, shown the other
+    assert _planned(won, **only) == [("chunk", "lucky", "won")] * 2
+    # weighed, the lucky one is passed over: cut from and shown only the other, the source itself where allowed
+    weighed = _planned(won, likelihood, **only, critic__source_reference=True)
+    assert weighed == [("chunk", "won", "won")] * 2
+    # with no success above the floor, success_only gives the problem a fresh whole answer
+    assert _planned(won, {"won": -3.0, "lucky": -6.0}, **only) == [("full", None, None)]
 
 
 def test_source_reference_shows_a_chunk_prefix_with_no_other_success_the_success_it_was_cut_from():
@@ -571,3 +584,56 @@ def test_source_reference_shows_a_chunk_prefix_with_no_other_success_the_success
     assert shown == _planned(two) and all(ref != source and ref in ("won", "won-later") for _, source, ref in shown)
     # with no success at all a prefix is cut from a failure and no reference is shown
     assert {r[2] for r in _planned([_answer("lost", 0.0)], critic__source_reference=True)} == {None}
+
+
+def test_reference_min_logprob_shows_the_most_likely_success_and_bills_the_actors_read(run_dir):
+    """Each chosen problem's successes are weighed under the current actor: the most likely is the
+    reference, those below the floor are never one, and the tokens read are billed as prefill."""
+    cfg = tiny_config()
+    layout = RunLayout(str(run_dir))
+    call = inprocess.stage_calls(cfg, layout, 1)[0]
+    probs = Problems.load(layout.bootstrap("problems"))
+    actor = ModelStore(cfg).load(call.kwargs["actor"], kind="actor")
+    tok = actor.tokenizer
+    successes = []  # three successes of every train problem the draw can take (revisit_fraction 1)
+    for pid in probs.ids("train")[:2]:
+        solution = tok.encode(probs[pid]["solution"], add_special_tokens=False)
+        for k, answer in enumerate([solution, solution[::-1], solution[1:]]):
+            row = dict(run_id=cfg.run_id, iteration=0, policy_version=0, trajectory_id=f"{pid}-{k}", problem_id=pid)
+            successes.append(row | dict(source_trajectory_id=None, token_ids=answer, finished=True, reward=1.0))
+    logprob = {}
+    for t in successes:
+        prompt = prompt_ids(tok, probs[t["problem_id"]]["prompt"])
+        with torch.no_grad():
+            values, mask = token_logprobs(actor.model, [prompt], [t["token_ids"]], pad_id=tok.pad_token_id, temperature=1.0)
+        logprob[t["trajectory_id"]] = float((values * mask).sum())
+    # the least likely success of each problem is its latest, so the latest and the likeliest part
+    for rank, t in enumerate(sorted(successes, key=lambda t: -logprob[t["trajectory_id"]])):
+        t["iteration"] = t["policy_version"] = rank
+    replay = str(run_dir / "seeded-replay")
+    storage.write_table(replay, storage.table_from_rows(successes, "replay"), kind="replay", stage="test", config_hash="x")
+
+    def sample(floor):
+        c = dataclasses.replace(call, kwargs={**call.kwargs, "replay": replay})
+        c.run(tiny_config(critic__reference_min_logprob=floor))
+        return [p for p in rows(layout, 1, "prefixes") if p["problem_id"] in {t["problem_id"] for t in successes}]
+
+    def best(pid, floor=-math.inf):
+        ok = [t for t in successes if t["problem_id"] == pid and logprob[t["trajectory_id"]] >= floor]
+        return max(ok, key=lambda t: logprob[t["trajectory_id"]])["trajectory_id"] if ok else None
+
+    latest = {p["problem_id"]: p["ref_trajectory_id"] for p in sample(None)}
+    newest = {t["problem_id"]: t["trajectory_id"] for t in sorted(successes, key=lambda t: t["iteration"])}
+    assert latest and latest == {pid: newest[pid] for pid in latest}
+    planned = sample(-1e9)
+    assert {p["problem_id"]: p["ref_trajectory_id"] for p in planned} == {pid: best(pid) for pid in latest}
+    assert all(best(pid) != ref for pid, ref in latest.items())
+    # the read is billed once a problem: its prompt and every success's tokens
+    for pid in latest:
+        mine = [p for p in planned if p["problem_id"] == pid]
+        read = sum(len(prompt_ids(tok, probs[pid]["prompt"])) + len(t["token_ids"]) for t in successes if t["problem_id"] == pid)
+        assert [p["cut_scan_tokens"] for p in mine] == [read] + [None] * (len(mine) - 1)
+    # a floor between the likeliest success and the rest leaves only the likeliest; above all of them, none
+    floor = sorted(logprob.values())[-1] - 1e-3
+    assert {p["problem_id"]: p["ref_trajectory_id"] for p in sample(floor)} == {pid: best(pid, floor) for pid in latest}
+    assert {p["ref_trajectory_id"] for p in sample(0.0)} == {None}

@@ -87,6 +87,14 @@ def test_unknown_key_names_the_dotted_field(data, field):
             ["critic.source_reference: source_reference picks a reference", "needs use_reference true"],
         ),
         (
+            {"critic": {"reference_min_logprob": -2.0, "use_reference": False}},
+            ["critic.reference_min_logprob: reference_min_logprob picks a reference", "needs use_reference true"],
+        ),
+        (
+            {"critic": {"reference_min_logprob": 0.5}},
+            ["critic.reference_min_logprob", "less than or equal to 0"],
+        ),
+        (
             {"critic": {"reference_match": True, "scoring_backend": "vllm"}},
             ["critic.reference_match: reference_match feeds the value head", "scoring_backend hf"],
         ),

@@ -13,6 +13,7 @@ from ac2_core.replay import (
     cut_points,
     highest_entropy_cuts,
     least_likely_cuts,
+    lucky_successes,
     merge_replay,
     pick_problems,
     plan_prefixes,
@@ -123,6 +124,32 @@ def test_choose_reference_none_when_nothing_qualifies():
     only_b = [t for t in _candidates() if t["trajectory_id"] == "b"]
     assert choose_reference(only_b, exclude="b", success_threshold=1.0) is None
     assert choose_reference([], exclude=None, success_threshold=1.0) is None
+
+
+def test_choose_reference_by_likelihood_takes_the_most_likely_success_above_the_floor():
+    trajs = _candidates()  # successes a (iteration 1), b (3, the latest) and c (3)
+    likelihood = {"a": -0.5, "b": -3.0, "c": -0.5}
+    # the most likely, not the latest: a and c tie, and the newer of the tie (c) wins
+    assert choose_reference(trajs, exclude=None, success_threshold=1.0, likelihood=likelihood) == "c"
+    assert choose_reference(trajs, exclude="c", success_threshold=1.0, likelihood=likelihood) == "a"
+    # below the floor a success is lucky: never shown, even where it is the only other one
+    assert choose_reference(trajs, exclude="c", success_threshold=1.0, likelihood=likelihood, min_logprob=-1.0) == "a"
+    lucky_b = {"a": -2.0, "b": -3.0, "c": -0.5}
+    assert choose_reference(trajs, exclude="c", success_threshold=1.0, likelihood=lucky_b, min_logprob=-1.0) is None
+    # ... nor as the source itself under or_excluded; a source above the floor still may be
+    kw = dict(success_threshold=1.0, or_excluded=True, min_logprob=-1.0)
+    assert choose_reference(trajs, exclude="b", likelihood=lucky_b, **kw) == "c"
+    assert choose_reference(trajs, exclude="c", likelihood=lucky_b, **kw) == "c"
+    assert choose_reference(trajs, exclude="c", likelihood={"a": -2.0, "b": -3.0, "c": -1.5}, **kw) is None
+    # the threshold still decides what a success is: e (reward 0.5) is never weighed at 1.0
+    assert choose_reference(trajs, exclude=None, success_threshold=1.0, likelihood={**likelihood, "e": 0.0}) == "c"
+
+
+def test_lucky_successes_are_those_below_the_floor():
+    likelihood = {"a": -0.5, "b": -3.0, "c": -1.0}
+    assert lucky_successes(likelihood, -1.0) == {"b"}  # at the floor is not below it
+    assert lucky_successes(likelihood, 0.0) == {"a", "b", "c"}
+    assert lucky_successes(likelihood, None) == set()
 
 
 # ---------------------------------------------------------------- merge_replay
@@ -359,6 +386,18 @@ def test_plan_prefixes_from_successes_cuts_only_what_succeeded_when_anything_did
     # nothing succeeded (at this threshold): every trajectory is cut from, as without the option
     none = plan_prefixes("p0", trajs, **{**kw, "rng": np.random.default_rng(0)}, success_threshold=1.5)
     assert {p.source_trajectory_id for p in none} == {"u", "f", "x"}
+
+
+def test_plan_prefixes_from_successes_passes_over_lucky_ones():
+    trajs = [*_replay(), _traj("x", iteration=3, pv=3, finished=True, reward=0.0, n=36)]
+    kw = dict(chunk_mode=True, k=100, chunk_tokens=L, max_response_tokens=MAX, success_threshold=1.0)
+    assert {p.source_trajectory_id for p in plan_prefixes("p0", trajs, **kw, rng=np.random.default_rng(0))} == {"f"}
+    # f, the only success, is lucky: a failure-tolerant plan cuts from every trajectory, as with no success at all
+    lucky = plan_prefixes("p0", trajs, **kw, rng=np.random.default_rng(0), lucky={"f"})
+    assert {p.source_trajectory_id for p in lucky} == {"u", "f", "x"}
+    # ... and a plan from successes alone gives the problem a fresh whole answer
+    only = plan_prefixes("p0", trajs, **kw, rng=np.random.default_rng(0), lucky={"f"}, only_successes=True)
+    assert only == [PlannedPrefix("p0", "full", None, [], MAX)]
 
 
 def test_plan_prefixes_since_an_iteration_cuts_only_recent_whole_answers():
