@@ -61,6 +61,11 @@ def _graded_whole_answer(t: dict) -> bool:
     return t["source_trajectory_id"] is None and t["finished"] and t["reward"] is not None
 
 
+def succeeded(t: dict, success_threshold: float) -> bool:
+    """A finished trajectory whose reward reaches ``success_threshold``: a success, one a critic may be shown."""
+    return t["finished"] and t["reward"] is not None and t["reward"] >= success_threshold
+
+
 def choose_reference(
     trajectories: Iterable[dict],
     *,
@@ -82,7 +87,7 @@ def choose_reference(
     one the policy would seldom write again, leads a critic that follows it astray
     (``critic.reference_min_logprob``; docs/algorithm.md, research log section 22).
     """
-    ok = [t for t in trajectories if t["finished"] and t["reward"] is not None and t["reward"] >= success_threshold]
+    ok = [t for t in trajectories if succeeded(t, success_threshold)]
     key = _newest_first
     if likelihood is not None:
         lucky = lucky_successes(likelihood, min_logprob)
@@ -219,12 +224,8 @@ def plan_prefixes(
     if since_iteration is not None:
         trajectories = [t for t in trajectories if t["source_trajectory_id"] is None and t["iteration"] >= since_iteration]
     if success_threshold is not None:
-        succeeded = [
-            t
-            for t in trajectories
-            if t["finished"] and t["reward"] is not None and t["reward"] >= success_threshold and t["trajectory_id"] not in lucky
-        ]
-        trajectories = succeeded if only_successes else succeeded or trajectories
+        won = [t for t in trajectories if succeeded(t, success_threshold) and t["trajectory_id"] not in lucky]
+        trajectories = won if only_successes else won or trajectories
     candidates = [
         (t, cut)
         for t in sorted(trajectories, key=_newest_first)

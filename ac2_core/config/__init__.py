@@ -425,7 +425,8 @@ class CriticConfig(Section):
         " current actor and shows the critic the most likely one instead of the latest; a success below this is lucky"
         " (the policy seldom writes it again, as when a slip cancels an earlier error): it is neither a reference nor,"
         " under rollout.prefix_source success or success_only, a prefix source. Its tokens are billed as prefill."
-        " The sum suits short answers (arith's); null: the latest success, nothing read",
+        " The sum suits short answers (arith's); null (the default: on the forking toy it did not move the pace,"
+        " docs/algorithm.md research log section 22): the latest success, nothing read",
     )
     train_backbone: bool = Field(
         True,

@@ -20,6 +20,7 @@ from ac2_core.replay import (
     pick_problems,
     plan_prefixes,
     solved_recently,
+    succeeded,
     whole_answer_rate,
 )
 from ac2_core.stages.common import Problems, StageStats, prompt_ids, read, rng_for, write
@@ -196,18 +197,18 @@ def _success_likelihoods(
 
     The critic follows the reference it is shown, so a success that left the worked route and came
     back by a second error leads it to rate highly the continuations that leave the route the same
-    way (docs/algorithm.md, research log sections 21-22). Such a success holds a token or two the
-    policy seldom writes; one on the route it keeps does not."""
+    way (docs/algorithm.md, research log section 21). Two errors make such a success less likely as
+    a whole than one on the route, as a rule. Not where the policy makes both errors by habit:
+    there it is the most likely success, which is why this stays off (research log section 22)."""
     import torch
 
     from ac2_core.generation.hf import token_logprobs
 
     threshold = cfg.replay.success_threshold
     successes = sorted(
-        (t for ts in trajectories.values() for t in ts if t["finished"] and t["reward"] is not None and t["reward"] >= threshold),
+        (t for ts in trajectories.values() for t in ts if succeeded(t, threshold) and t["token_ids"]),
         key=lambda t: t["trajectory_id"],
     )
-    successes = [t for t in successes if t["token_ids"]]
     if not successes:
         return _Likelihoods({}, {})
     policy = store.load(actor, kind="actor")
