@@ -280,6 +280,11 @@ VARIANTS: dict[str, dict] = {
     # those it would write again with probability under e^-2 (lucky: a slip that cancelled an earlier error) neither
     # shown nor cut from (research log section 22)
     "ac2_floor_age8_one_srconly_srcref_match_likely_s2": {**LEARNED_SRCONLY, "critic.reference_min_logprob": -2.0},
+    # ... and the oracle and learned success_only arms with two chunk-mode prefixes a problem, cut at the source's two
+    # most uncertain positions (research log section 22: even the oracle only ties GRPO's pace; a chunk group costs
+    # 64 decoded tokens against about 100 for a refresh)
+    "ac2_oracle_floor_age8_one_srconly_p2_s2": {**ORACLE_SRCONLY, "rollout.prefixes_per_problem": 2},
+    "ac2_floor_age8_one_srconly_srcref_match_p2_s2": {**LEARNED_SRCONLY, "rollout.prefixes_per_problem": 2},
     # GRPO's search on the forking toy, around its best setting of the old toy (two steps at lr 3e-5)
     "grpo_skip_s2": {"algorithm": "grpo", "rollout.skip_solved_groups": 2, **S2},
     "grpo_s2_lr5": {"algorithm": "grpo", **S2, "actor.lr": 5e-5},
