@@ -3,7 +3,9 @@ iteration's problems and their prefixes (docs/design.md section 2, step 1)."""
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,9 +98,10 @@ def run(
         rng=rng,
     )
     store = store or ModelStore(cfg)
+    policy = functools.cache(lambda: store.load(actor, kind="actor"))  # loaded once, by the first read that needs it
     likely = None
     if cfg.uses_critic and cfg.critic.use_reference and cfg.critic.reference_min_logprob is not None:
-        likely = _success_likelihoods(cfg, {pid: by_problem[pid] for pid in chosen}, probs, actor, store)
+        likely = _success_likelihoods(cfg, {pid: by_problem[pid] for pid in chosen}, probs, policy)
     rows = []
     for pid in chosen:
         plans = [
@@ -109,7 +112,7 @@ def run(
             plans[0]["cut_scan_tokens"] = likely.scanned[pid]
         rows.extend(plans)
     if cfg.rollout.prefix_cut != "boundary":
-        rows = _cut_where_uncertain(cfg, rows, merged, probs, actor, store)
+        rows = _cut_where_uncertain(cfg, rows, merged, probs, policy)
     write(cfg, STAGE, out_replay, merged, "replay")
     prefix_hash = write(cfg, STAGE, out_prefixes, rows, "prefixes")
     chunk_groups = sum(r["mode"] == "chunk" for r in rows)
@@ -125,8 +128,35 @@ def run(
     )
 
 
+def _actor_read(
+    cfg: AC2Config, policy: Callable, probs: Problems, trajectories: list[dict], score: Callable, reduce: Callable
+) -> tuple[dict[str, object], dict[str, int]]:
+    """Read each trajectory's answer (cut at ``rollout.max_response_tokens``) with the current
+    actor after its problem's prompt, a micro-batch at a time, at the rollout temperature.
+
+    ``score`` (``generation.hf.token_logprobs`` or ``token_entropies``) gives a batch's (B, T)
+    values and mask, and ``reduce`` turns them into one item a row. Returns the items and the
+    tokens read (prompt and answer, billed as prefill), both by trajectory id."""
+    import torch
+
+    limit = cfg.rollout.max_response_tokens
+    actor = policy()
+    tok = actor.tokenizer
+    contexts = [prompt_ids(tok, probs[t["problem_id"]]["prompt"]) for t in trajectories]
+    answers = [t["token_ids"][:limit] for t in trajectories]
+    items: dict[str, object] = {}
+    step, kw = cfg.actor.micro_batch_size, dict(pad_id=tok.pad_token_id, temperature=cfg.rollout.temperature)
+    with torch.no_grad():
+        for i in range(0, len(trajectories), step):
+            values, mask = score(actor.model, contexts[i : i + step], answers[i : i + step], **kw)
+            for t, item in zip(trajectories[i : i + step], reduce(values, mask)):
+                items[t["trajectory_id"]] = item
+    read_tokens = {t["trajectory_id"]: len(c) + len(a) for t, c, a in zip(trajectories, contexts, answers)}
+    return items, read_tokens
+
+
 def _cut_where_uncertain(
-    cfg: AC2Config, rows: list[dict], trajectories: list[dict], probs: Problems, actor: str, store: ModelStore
+    cfg: AC2Config, rows: list[dict], trajectories: list[dict], probs: Problems, policy: Callable
 ) -> list[dict]:
     """Move each chunk-mode prefix's end to right before the token of its trajectory that the
     current actor finds least likely (``rollout.prefix_cut: uncertain``), or to right before the
@@ -134,9 +164,7 @@ def _cut_where_uncertain(
     prefix cut from one trajectory goes to the second such position, and so on. Its
     continuations then all draw that token again, so they branch there far more often than at a
     chunk boundary, where most of a sharp policy's continuations are the same text
-    (docs/algorithm.md, research log sections 9 and 17)."""
-    import torch
-
+    (docs/algorithm.md, research log sections 9 and 17). ``policy`` loads the actor."""
     from ac2_core.generation.hf import token_entropies, token_logprobs
 
     match cfg.rollout.prefix_cut:
@@ -148,21 +176,11 @@ def _cut_where_uncertain(
     by_id = {t["trajectory_id"]: t for t in trajectories}
     limit = cfg.rollout.max_response_tokens
     sources = sorted({r["source_trajectory_id"] for r in rows if r["mode"] == "chunk"} - {None})
-    sources = [s for s in sources if by_id[s]["token_ids"]]
+    sources = [by_id[s] for s in sources if by_id[s]["token_ids"]]
     if not sources:
         return rows
-    policy = store.load(actor, kind="actor")
-    tok = policy.tokenizer
-    contexts = [prompt_ids(tok, probs[by_id[s]["problem_id"]]["prompt"]) for s in sources]
-    answers = [by_id[s]["token_ids"][:limit] for s in sources]
-    scores: dict[str, list[float]] = {}
-    scanned = {s: len(c) + len(a) for s, c, a in zip(sources, contexts, answers)}
-    step, kw = cfg.actor.micro_batch_size, dict(pad_id=tok.pad_token_id, temperature=cfg.rollout.temperature)
-    with torch.no_grad():
-        for i in range(0, len(sources), step):
-            values, _ = score(policy.model, contexts[i : i + step], answers[i : i + step], **kw)
-            for s, answer, row in zip(sources[i : i + step], answers[i : i + step], values.cpu().tolist()):
-                scores[s] = row[: len(answer)]
+    padded, scanned = _actor_read(cfg, policy, probs, sources, score, lambda values, _: values.cpu().tolist())
+    scores = {s: row[: min(len(by_id[s]["token_ids"]), limit)] for s, row in padded.items()}  # the answer's tokens
     # one problem's prefixes are the most cut from one trajectory
     cuts = {s: rank(v, limit=limit, n=cfg.rollout.prefixes_per_problem) for s, v in scores.items()}
     taken: dict[str, int] = defaultdict(int)
@@ -189,9 +207,7 @@ class _Likelihoods:
     scanned: dict[str, int]  # tokens the actor read, per problem
 
 
-def _success_likelihoods(
-    cfg: AC2Config, trajectories: dict[str, list[dict]], probs: Problems, actor: str, store: ModelStore
-) -> _Likelihoods:
+def _success_likelihoods(cfg: AC2Config, trajectories: dict[str, list[dict]], probs: Problems, policy: Callable) -> _Likelihoods:
     """Each success of the given problems, weighed by how likely the current actor is to write it
     again: its tokens' summed log-probability at the rollout temperature (``critic.reference_min_logprob``).
 
@@ -200,8 +216,6 @@ def _success_likelihoods(
     way (docs/algorithm.md, research log section 21). Two errors make such a success less likely as
     a whole than one on the route, as a rule. Not where the policy makes both errors by habit:
     there it is the most likely success, which is why this stays off (research log section 22)."""
-    import torch
-
     from ac2_core.generation.hf import token_logprobs
 
     threshold = cfg.replay.success_threshold
@@ -211,19 +225,11 @@ def _success_likelihoods(
     )
     if not successes:
         return _Likelihoods({}, {})
-    policy = store.load(actor, kind="actor")
-    tok = policy.tokenizer
-    contexts = [prompt_ids(tok, probs[t["problem_id"]]["prompt"]) for t in successes]
-    answers = [t["token_ids"] for t in successes]
-    logprob, scanned = {}, defaultdict(int)
-    step, kw = cfg.actor.micro_batch_size, dict(pad_id=tok.pad_token_id, temperature=cfg.rollout.temperature)
-    with torch.no_grad():
-        for i in range(0, len(successes), step):
-            values, mask = token_logprobs(policy.model, contexts[i : i + step], answers[i : i + step], **kw)
-            for t, total in zip(successes[i : i + step], (values * mask).sum(-1).double().cpu().tolist()):
-                logprob[t["trajectory_id"]] = total
-    for t, context in zip(successes, contexts):
-        scanned[t["problem_id"]] += len(context) + len(t["token_ids"])
+    total = lambda values, mask: (values * mask).sum(-1).double().cpu().tolist()  # noqa: E731
+    logprob, read_tokens = _actor_read(cfg, policy, probs, successes, token_logprobs, total)
+    scanned: dict[str, int] = defaultdict(int)
+    for t in successes:
+        scanned[t["problem_id"]] += read_tokens[t["trajectory_id"]]
     return _Likelihoods(logprob, dict(scanned))
 
 
