@@ -1,0 +1,96 @@
+"""The central experiment's measurement (bench/rl_efficiency.py): the moving-average curve,
+GRPO's peak, the decode FLOPs ratio where a run first reaches it, the bound a run that never
+does gets, the ratios at GRPO's earlier scores, and the bootstrap interval of the median."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[2] / "bench" / "rl_efficiency.py"
+_spec = importlib.util.spec_from_file_location("rl_efficiency", _PATH)
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+def run(vals: dict[int, float], flops_per_iteration: float, iterations: int, *, eval_s: float = 1.0) -> list[dict]:
+    """Records of one run: iteration 0 (the initial policy) to ``iterations``, validation at the
+    iterations ``vals`` names, 10 s of wall (and of CPU) an iteration, ``eval_s`` of it evaluating
+    where there is a score."""
+    recs = []
+    for it in range(iterations + 1):
+        score = vals.get(it)
+        recs.append(
+            {
+                "iteration": it,
+                "val_score": score,
+                "cum_decode_flops": flops_per_iteration * it,
+                "wall_s": 10.0,
+                "cpu_s": 10.0,
+                "eval_s": eval_s if score is not None else 0.0,
+            }
+        )
+    return recs
+
+
+def test_the_curve_averages_the_last_evaluations_and_leaves_out_the_initial_score_and_evaluation_time():
+    recs = run({0: 0.9, 2: 0.2, 4: 0.4, 6: 0.9}, flops_per_iteration=5.0, iterations=6, eval_s=4.0)
+    points = bench.curve(recs, window=2)
+    assert [p["iteration"] for p in points] == [4, 6]  # the first point needs two evaluations; iteration 0 is not one
+    assert [p["ma"] for p in points] == pytest.approx([0.3, 0.65])
+    assert [p["flops"] for p in points] == [20.0, 30.0]
+    # 10 s a record, less 4 s on each record with a score (iteration 0's included): 38 s to iteration 4, 54 s to 6
+    assert [p["wall"] for p in points] == pytest.approx([38.0, 54.0])
+    assert [p["cpu"] for p in points] == pytest.approx([38.0, 54.0])
+
+
+def test_a_run_that_reaches_grpos_peak_is_measured_where_it_first_does():
+    grpo = run({2: 0.3, 4: 0.5, 6: 0.6, 8: 0.55}, flops_per_iteration=4.0, iterations=8)
+    cheap = run({2: 0.4, 4: 0.6, 6: 0.7, 8: 0.7}, flops_per_iteration=1.0, iterations=8)
+    peaks, ratios = bench.headline({("grpo", 0): grpo, ("ac2", 0): cheap}, window=1, reference="grpo")
+    assert peaks[0]["peak"] == pytest.approx(0.6) and peaks[0]["iteration"] == 6
+    # GRPO spent 24 to reach 0.6 at iteration 6; the cheap run reached it at 4, having spent 4
+    assert ratios["ac2", 0]["reached"] and ratios["ac2", 0]["iteration"] == 4
+    assert ratios["ac2", 0]["flops_ratio"] == pytest.approx(6.0)
+    assert ratios["grpo", 0]["flops_ratio"] == pytest.approx(1.0)
+
+
+def test_a_run_that_never_reaches_the_peak_is_bounded_by_its_whole_runs_cost():
+    grpo = run({2: 0.3, 4: 0.6}, flops_per_iteration=4.0, iterations=4)
+    short = run({2: 0.5, 4: 0.59, 6: 0.58}, flops_per_iteration=1.0, iterations=6)
+    _, ratios = bench.headline({("grpo", 0): grpo, ("ac2", 0): short}, window=1, reference="grpo")
+    miss = ratios["ac2", 0]
+    assert not miss["reached"] and miss["iteration"] is None
+    assert miss["flops_ratio"] == pytest.approx(16.0 / 6.0)  # GRPO's 16 against all 6 the run spent, a bound from above
+    assert miss["best"] == pytest.approx(0.59)
+
+
+def test_a_seed_without_its_grpo_run_has_no_ratio():
+    grpo = run({2: 0.6}, flops_per_iteration=4.0, iterations=2)
+    other_seed = run({2: 0.7}, flops_per_iteration=1.0, iterations=2)
+    _, ratios = bench.headline({("grpo", 0): grpo, ("ac2", 1): other_seed}, window=1, reference="grpo")
+    assert ("ac2", 1) not in ratios
+
+
+def test_the_milestones_are_grpos_scores_part_way_through_its_run_at_its_own_first_cost():
+    # GRPO's score at 50% of its 8 iterations is 0.5 (iteration 4), first reached at iteration 2 for 8 FLOPs
+    grpo = run({2: 0.5, 4: 0.5, 6: 0.6, 8: 0.7}, flops_per_iteration=4.0, iterations=8)
+    cheap = run({2: 0.3, 4: 0.5, 6: 0.55, 8: 0.65}, flops_per_iteration=1.0, iterations=8)
+    out = bench.milestone_ratios({("grpo", 0): grpo, ("ac2", 0): cheap}, window=1, reference="grpo", fractions=(0.5, 1.0))
+    assert out["grpo", 0] == pytest.approx([1.0, 1.0])
+    half, whole = out["ac2", 0]
+    assert half == pytest.approx(8.0 / 4.0)  # reached 0.5 at iteration 4 for 4 FLOPs
+    assert whole is None  # never reached 0.7
+
+
+def test_the_bootstrap_interval_of_the_median_lies_within_the_seeds_and_holds_their_median():
+    values = [2.1, 2.6, 3.0, 3.4, 3.9]
+    lo, hi = bench.bootstrap_ci(values, resamples=2000)
+    assert min(values) <= lo <= 3.0 <= hi <= max(values) and lo < hi
+    assert bench.bootstrap_ci([2.5] * 5, resamples=200) == (2.5, 2.5)
+    assert bench.bootstrap_ci(values, resamples=2000) == (lo, hi)  # seeded: the same interval again
+
+
+def test_the_standard_error_of_an_evaluation_is_binomial():
+    assert bench.eval_standard_error(0.5, 2500) == pytest.approx(0.01)
+    assert bench.eval_standard_error(0.0, 100) == 0.0
