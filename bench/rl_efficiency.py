@@ -916,6 +916,27 @@ def _fmt(x: float | None, spec: str) -> str:
     return "–" if x is None else format(x, spec)
 
 
+def budget_note(runs: dict, args: argparse.Namespace) -> list[str]:
+    """With ``--reference-iterations``: a paragraph saying that GRPO's peak is its best within that
+    budget, and what share of GRPO's decoding the longest of the other runs spent to its horizon."""
+    if not args.reference_iterations:
+        return []
+    budget = {s: recs[-1] for (v, s), recs in runs.items() if v == args.reference}
+    shares = [
+        recs[-1]["cum_decode_tokens"] / budget[s]["cum_decode_tokens"]
+        for (v, s), recs in runs.items()
+        if v != args.reference and s in budget and budget[s]["cum_decode_tokens"]
+    ]
+    return [
+        "",
+        f"**Equal decode budgets, not equal iterations.** GRPO's run is cut at iteration {args.reference_iterations}"
+        " (`--reference-iterations`): its peak is its best within that budget. The other runs go on to their own"
+        f" `run.iterations`, having decoded at most {max(shares, default=float('nan')):.2f} of GRPO's budget by"
+        " then, so every ratio here compares the decoding each needs to reach a score GRPO reached within its budget."
+        " A run that reaches it past GRPO's iteration count is not faster per iteration, only cheaper.",
+    ]
+
+
 def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
     peaks, ratios = headline(runs, args.smooth, args.reference)
     milestones = milestone_ratios(runs, args.smooth, args.reference)
@@ -958,6 +979,7 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
         " stage but `evaluate`, critic scoring and training included. Wall-time ratios compare runs of"
         " one invocation (the same load); a variant run in a later invocation is compared with GRPO's"
         " wall time from another, so read its CPU-time ratio (each process has one thread).",
+        *budget_note(runs, args),
         "",
         "| variant | decode FLOPs ratio | 95% bootstrap CI of the median | wall-time ratio | CPU-time ratio | reached"
         " | per seed (FLOPs ratio @ iteration) |",
@@ -1209,6 +1231,8 @@ def write_results(args: argparse.Namespace, elapsed: float | None) -> None:
         raise SystemExit(f"no records under {args.out}: run the benchmark first")
     # a run taken further by a later invocation is reported to this invocation's run.iterations
     upto = {v: cfg.run.iterations for v, cfg in configs_for(args, 0, sorted({v for v, _ in runs})).items()}
+    if args.reference_iterations and args.reference in upto:  # GRPO's budget, shorter than the others' horizon
+        upto[args.reference] = min(upto[args.reference], args.reference_iterations)
     runs = {k: [r for r in recs if r["iteration"] <= upto[k[0]]] for k, recs in runs.items()}
     if not any(v == args.reference for v, _ in runs):
         raise SystemExit(f"--reference {args.reference}: no runs of it under {args.out} (among the reported variants)")
@@ -1258,7 +1282,14 @@ def main(argv: list[str] | None = None) -> None:
         choices=[v for v, keys in VARIANTS.items() if keys.get("algorithm") == "grpo"],
         help="the GRPO variant whose peak the ratios are measured at: GRPO at its best setting (it must be among the runs)",
     )
+    p.add_argument(
+        "--reference-iterations", type=int, default=None, metavar="N",
+        help="report the --reference GRPO's runs to iteration N only (its decode budget), the others to run.iterations:"
+        " the decoding each needs to reach GRPO's peak within that budget (default: every run to run.iterations)",
+    )  # fmt: skip
     args = p.parse_args(argv)
+    if args.reference_iterations is not None and args.reference_iterations < 1:
+        p.error(f"--reference-iterations must be at least 1; got {args.reference_iterations}")
     args.only = args.report_only and args.variants is not None
     args.variants = args.variants or MAIN
     args.command = "python bench/rl_efficiency.py " + " ".join(sys.argv[1:] if argv is None else argv)

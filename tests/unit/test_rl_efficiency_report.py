@@ -94,3 +94,18 @@ def test_the_bootstrap_interval_of_the_median_lies_within_the_seeds_and_holds_th
 def test_the_standard_error_of_an_evaluation_is_binomial():
     assert bench.eval_standard_error(0.5, 2500) == pytest.approx(0.01)
     assert bench.eval_standard_error(0.0, 100) == 0.0
+
+
+def test_a_reference_budget_says_what_share_of_grpos_decoding_the_longest_other_run_spent():
+    from argparse import Namespace
+
+    runs = {
+        ("grpo", 0): run({2: 0.6}, flops_per_iteration=4.0, iterations=2),
+        ("ac2", 0): run({2: 0.5, 4: 0.6}, flops_per_iteration=1.0, iterations=4),
+    }
+    for recs, tokens in ((runs["grpo", 0], 400), (runs["ac2", 0], 100)):
+        for r in recs:
+            r["cum_decode_tokens"] = tokens * r["iteration"]
+    assert bench.budget_note(runs, Namespace(reference="grpo", reference_iterations=None)) == []
+    note = " ".join(bench.budget_note(runs, Namespace(reference="grpo", reference_iterations=2)))
+    assert "cut at iteration 2" in note and "at most 0.50 of GRPO's budget" in note  # 400 tokens against 800
