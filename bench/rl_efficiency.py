@@ -918,14 +918,17 @@ def _fmt(x: float | None, spec: str) -> str:
 
 def budget_note(runs: dict, args: argparse.Namespace) -> list[str]:
     """With ``--reference-iterations``: a paragraph saying that GRPO's peak is its best within that
-    budget, and what share of GRPO's decoding the longest of the other runs spent to its horizon."""
+    budget, and what share of GRPO's decoding the runs that go on past it spent to their horizon."""
     if not args.reference_iterations:
         return []
     budget = {s: recs[-1] for (v, s), recs in runs.items() if v == args.reference}
     shares = [
         recs[-1]["cum_decode_tokens"] / budget[s]["cum_decode_tokens"]
         for (v, s), recs in runs.items()
-        if v != args.reference and s in budget and budget[s]["cum_decode_tokens"]
+        if v != args.reference
+        and s in budget
+        and budget[s]["cum_decode_tokens"]
+        and recs[-1]["iteration"] > args.reference_iterations  # a run that stops within the budget goes no further
     ]
     return [
         "",

@@ -102,8 +102,9 @@ def test_a_reference_budget_says_what_share_of_grpos_decoding_the_longest_other_
     runs = {
         ("grpo", 0): run({2: 0.6}, flops_per_iteration=4.0, iterations=2),
         ("ac2", 0): run({2: 0.5, 4: 0.6}, flops_per_iteration=1.0, iterations=4),
+        ("grpo_skip", 0): run({2: 0.5}, flops_per_iteration=4.0, iterations=2),  # within the budget: not counted
     }
-    for recs, tokens in ((runs["grpo", 0], 400), (runs["ac2", 0], 100)):
+    for recs, tokens in ((runs["grpo", 0], 400), (runs["ac2", 0], 100), (runs["grpo_skip", 0], 400)):
         for r in recs:
             r["cum_decode_tokens"] = tokens * r["iteration"]
     assert bench.budget_note(runs, Namespace(reference="grpo", reference_iterations=None)) == []
