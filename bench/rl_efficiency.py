@@ -285,6 +285,9 @@ VARIANTS: dict[str, dict] = {
     # 64 decoded tokens against about 100 for a refresh)
     "ac2_oracle_floor_age8_one_srconly_p2_s2": {**ORACLE_SRCONLY, "rollout.prefixes_per_problem": 2},
     "ac2_floor_age8_one_srconly_srcref_match_p2_s2": {**LEARNED_SRCONLY, "rollout.prefixes_per_problem": 2},
+    # (research log section 23) past iteration 80 the failures are slips and two thirds of the problems are refreshed:
+    # the critic's credit along those one-answer refreshes, measured with the oracle first
+    "ac2_oracle_floor_age8_one_srconly_credit_s2": {**ORACLE_SRCONLY, **CREDIT},
     # GRPO's search on the forking toy, around its best setting of the old toy (two steps at lr 3e-5)
     "grpo_skip_s2": {"algorithm": "grpo", "rollout.skip_solved_groups": 2, **S2},
     "grpo_s2_lr5": {"algorithm": "grpo", **S2, "actor.lr": 5e-5},
