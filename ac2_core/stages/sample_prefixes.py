@@ -155,6 +155,16 @@ def _actor_read(
     return items, read_tokens
 
 
+def _per_token(values, mask) -> list[list[float]]:
+    """An ``_actor_read`` reduction: each row's values at its answer's tokens."""
+    return [row[:n] for row, n in zip(values.cpu().tolist(), mask.sum(-1).int().tolist())]
+
+
+def _summed(values, mask) -> list[float]:
+    """An ``_actor_read`` reduction: each row's values summed over its answer's tokens."""
+    return (values * mask).sum(-1).double().cpu().tolist()
+
+
 def _cut_where_uncertain(
     cfg: AC2Config, rows: list[dict], trajectories: list[dict], probs: Problems, policy: Callable
 ) -> list[dict]:
@@ -179,8 +189,7 @@ def _cut_where_uncertain(
     sources = [by_id[s] for s in sources if by_id[s]["token_ids"]]
     if not sources:
         return rows
-    padded, scanned = _actor_read(cfg, policy, probs, sources, score, lambda values, _: values.cpu().tolist())
-    scores = {s: row[: min(len(by_id[s]["token_ids"]), limit)] for s, row in padded.items()}  # the answer's tokens
+    scores, scanned = _actor_read(cfg, policy, probs, sources, score, _per_token)
     # one problem's prefixes are the most cut from one trajectory
     cuts = {s: rank(v, limit=limit, n=cfg.rollout.prefixes_per_problem) for s, v in scores.items()}
     taken: dict[str, int] = defaultdict(int)
@@ -225,8 +234,7 @@ def _success_likelihoods(cfg: AC2Config, trajectories: dict[str, list[dict]], pr
     )
     if not successes:
         return _Likelihoods({}, {})
-    total = lambda values, mask: (values * mask).sum(-1).double().cpu().tolist()  # noqa: E731
-    logprob, read_tokens = _actor_read(cfg, policy, probs, successes, token_logprobs, total)
+    logprob, read_tokens = _actor_read(cfg, policy, probs, successes, token_logprobs, _summed)
     scanned: dict[str, int] = defaultdict(int)
     for t in successes:
         scanned[t["problem_id"]] += read_tokens[t["trajectory_id"]]

@@ -13,7 +13,9 @@ bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
 
-def run(vals: dict[int, float], flops_per_iteration: float, iterations: int, *, eval_s: float = 1.0) -> list[dict]:
+def run(
+    vals: dict[int, float], flops_per_iteration: float, iterations: int, *, eval_s: float = 1.0, tokens_per_iteration: int = 0
+) -> list[dict]:
     """Records of one run: iteration 0 (the initial policy) to ``iterations``, validation at the
     iterations ``vals`` names, 10 s of wall (and of CPU) an iteration, ``eval_s`` of it evaluating
     where there is a score."""
@@ -25,6 +27,7 @@ def run(vals: dict[int, float], flops_per_iteration: float, iterations: int, *, 
                 "iteration": it,
                 "val_score": score,
                 "cum_decode_flops": flops_per_iteration * it,
+                "cum_decode_tokens": tokens_per_iteration * it,
                 "wall_s": 10.0,
                 "cpu_s": 10.0,
                 "eval_s": eval_s if score is not None else 0.0,
@@ -100,13 +103,11 @@ def test_a_reference_budget_says_what_share_of_grpos_decoding_the_longest_other_
     from argparse import Namespace
 
     runs = {
-        ("grpo", 0): run({2: 0.6}, flops_per_iteration=4.0, iterations=2),
-        ("ac2", 0): run({2: 0.5, 4: 0.6}, flops_per_iteration=1.0, iterations=4),
-        ("grpo_skip", 0): run({2: 0.5}, flops_per_iteration=4.0, iterations=2),  # within the budget: not counted
+        ("grpo", 0): run({2: 0.6}, flops_per_iteration=4.0, iterations=2, tokens_per_iteration=400),
+        ("ac2", 0): run({2: 0.5, 4: 0.6}, flops_per_iteration=1.0, iterations=4, tokens_per_iteration=100),
+        # within the budget: not counted
+        ("grpo_skip", 0): run({2: 0.5}, flops_per_iteration=4.0, iterations=2, tokens_per_iteration=400),
     }
-    for recs, tokens in ((runs["grpo", 0], 400), (runs["ac2", 0], 100), (runs["grpo_skip", 0], 400)):
-        for r in recs:
-            r["cum_decode_tokens"] = tokens * r["iteration"]
     assert bench.budget_note(runs, Namespace(reference="grpo", reference_iterations=None)) == []
     note = " ".join(bench.budget_note(runs, Namespace(reference="grpo", reference_iterations=2)))
     assert "cut at iteration 2" in note and "at most 0.50 of GRPO's budget" in note  # 400 tokens against 800
