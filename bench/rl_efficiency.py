@@ -67,6 +67,8 @@ ONE = {"rollout.full_group_size": 1, "advantage.full_groups": "replay_rate", "re
 # the critic's credit along whole answers (research log section 14): each chunk of a full-mode answer trained on
 # the change in V it brought, not on the answer's outcome
 CREDIT = {"advantage.full_credit": "critic"}
+# the credit divided by the std the outcome advantage it replaces was divided by (beside std-scaled chunk rows)
+SCALED = {"advantage.credit_scale": True}
 MATCH = {"critic.reference_match": True}  # the value head also reads how the answer runs along its reference
 # chunk-mode prefixes cut from answers that succeeded, right before the position where the actor's next-token
 # distribution has the most entropy (a forking token, research log section 17); the gate is the variant's
@@ -288,6 +290,16 @@ VARIANTS: dict[str, dict] = {
     # (research log section 23) past iteration 80 the failures are slips and two thirds of the problems are refreshed:
     # the critic's credit along those one-answer refreshes, measured with the oracle first
     "ac2_oracle_floor_age8_one_srconly_credit_s2": {**ORACLE_SRCONLY, **CREDIT},
+    # ... which weighs the credited refreshes 8x less than their outcome did beside the chunk rows (|A| 0.10 a token
+    # against 0.80): the credit at the outcome's scale; the learned critic's only where it was shown a reference,
+    # since without one its values along a failed answer are flat (0.52 before the slip and 0.53 after)
+    "ac2_oracle_floor_age8_one_srconly_credit_scaled_s2": {**ORACLE_SRCONLY, **CREDIT, **SCALED},
+    "ac2_floor_age8_one_srconly_srcref_match_credit_scaled_s2": {
+        **LEARNED_SRCONLY,
+        **CREDIT,
+        **SCALED,
+        "advantage.credit_needs_reference": True,
+    },
     # GRPO's search on the forking toy, around its best setting of the old toy (two steps at lr 3e-5)
     "grpo_skip_s2": {"algorithm": "grpo", "rollout.skip_solved_groups": 2, **S2},
     "grpo_s2_lr5": {"algorithm": "grpo", **S2, "actor.lr": 5e-5},

@@ -318,7 +318,8 @@ class ReadinessConfig(Section):
 
 
 class AdvantageConfig(Section):
-    added_later = ("full_credit", "credit_lambda")  # left out of the dump at their defaults (Section)
+    # left out of the dump at their defaults (Section)
+    added_later = ("full_credit", "credit_lambda", "credit_scale", "credit_needs_reference")
     baseline: Literal["loo", "mean", "critic"] = Field("loo", description="baseline of chunk advantages within a group")
     scale_std: bool = Field(False, description="divide chunk advantages by the group's std")
     std_floor: float = Field(
@@ -349,11 +350,27 @@ class AdvantageConfig(Section):
         "(GAE's lambda over segments): 0 gives each segment its own change, 1 gives it R - V(s_start), the reward "
         "against the value where it began, which a critic wrong about where an answer slipped misleads less",
     )
+    credit_scale: bool = Field(
+        False,
+        description="with full_credit critic, divide an answer's credit by the std its outcome advantage was divided "
+        "by (grpo_scale_std: its group's reward std, or sqrt(b(1-b)) at its replayed rate), so the tokens of a slip "
+        "weigh what the outcome gave them beside the std-scaled chunk rows of the same batch; an answer whose outcome "
+        "has no spread to scale by (a group of equal rewards) keeps its credit as it is",
+    )
+    credit_needs_reference: bool = Field(
+        False,
+        description="with full_credit critic, credit only the answers whose critic was shown a reference solution; "
+        "the others keep their outcome advantage. A learned critic without a reference cannot tell where an "
+        "answer slipped, and its flat values put the blame on the answer's last chunk",
+    )
 
     @model_validator(mode="after")
     def _floor_needs_scaling(self) -> AdvantageConfig:
         if self.std_floor > 0 and not self.scale_std:
             raise ValueError(f"std_floor ({self.std_floor}) bounds the std that scale_std divides by; set scale_std true")
+        for knob in ("credit_scale", "credit_needs_reference"):
+            if getattr(self, knob) and self.full_credit != "critic":
+                raise ValueError(f"{knob} shapes the critic's credit along whole answers; set full_credit critic")
         return self
 
 

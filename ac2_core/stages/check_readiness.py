@@ -89,18 +89,26 @@ def _credit_along(cfg: AC2Config, scored: list[dict], ready: set[str], pairs: Se
     """Give each finished, graded full-mode answer of a ready problem the critic's credit along
     it: per-token advantages, the baseline ``V(s_0)`` and the advantage ``R - V(s_0)`` (what they
     sum to over its segments at ``advantage.credit_lambda`` 0). Its values are the pairs
-    ``score_chunks`` made at the answer's cut points (``replay.cut_points``)."""
+    ``score_chunks`` made at the answer's cut points (``replay.cut_points``).
+
+    ``advantage.credit_needs_reference`` leaves the answers whose critic was shown no reference
+    their outcome advantage; ``advantage.credit_scale`` divides the credit by the std the outcome
+    advantage was divided by, ``(R - b) / A`` of the outcome row."""
     along = {(p["trajectory_id"], p["cut"]): p["prediction"] for p in pairs}
     for s in scored:
         row = graded.get(s["chunk_id"])
         if row is None or s["mode"] != "full" or not s["finished"] or s["problem_id"] not in ready:
+            continue
+        if cfg.advantage.credit_needs_reference and s["ref_trajectory_id"] is None:
             continue
         length = len(s["response_token_ids"])
         values = [along.get((s["chunk_id"], cut)) for cut in cut_points(length, cfg.rollout.chunk_tokens, finished=True)]
         if None in values:
             raise ValueError(f"full-mode answer {s['chunk_id']}: no critic values along it for advantage.full_credit critic")
         credit = critic_credit(values, s["reward"], length, cfg.rollout.chunk_tokens, lam=cfg.advantage.credit_lambda)
-        row.update(baseline=values[0], advantage=s["reward"] - values[0], token_advantages=credit)
+        spread = s["reward"] - row["baseline"]  # the outcome row's R - b, which its advantage scaled
+        scale = row["advantage"] / spread if cfg.advantage.credit_scale and row["advantage"] and spread else 1.0
+        row.update(baseline=values[0], advantage=(s["reward"] - values[0]) * scale, token_advantages=[a * scale for a in credit])
 
 
 def _graded_advantages(cfg: AC2Config, scored: list[dict], ready: set[str]) -> list[dict]:

@@ -358,6 +358,43 @@ def test_critic_credit_gives_a_ready_problems_whole_answers_one_advantage_per_to
         advantages(cfg, scored, ready={"ready"}, pairs=pairs[3:])
 
 
+def test_critic_credit_can_keep_the_outcomes_scale_and_skip_the_answers_shown_no_reference():
+    from ac2_core.stages.check_readiness import advantages
+
+    def answers(pid: str, rewards: list[float], refs: list[str | None]) -> list[dict]:  # 32-token answers: cuts 0, 16
+        rows = _scored(pid, "full", rewards, "reward")
+        answer = {"baseline_rate": None, "finished": True, "response_token_ids": [7] * 32}
+        return [{**r, **answer, "reward": r["target"], "ref_trajectory_id": ref} for r, ref in zip(rows, refs)]
+
+    # a GRPO group [0, 1] (mean 0.5, std 0.5: outcome advantages -1, +1) and a group of equal rewards (no spread)
+    scored = answers("mixed", [0.0, 1.0], ["ref-a", None]) + answers("equal", [0.0, 0.0], ["ref-b", "ref-b"])
+    values = {"mixed-0": (0.6, 0.2), "mixed-1": (0.6, 0.8), "equal-0": (0.4, 0.1), "equal-1": (0.4, 0.4)}
+    pairs = [{"trajectory_id": c, "cut": cut, "prediction": v} for c, vs in values.items() for cut, v in zip((0, 16), vs)]
+    ready = {"mixed", "equal"}
+
+    def credit(**knobs) -> dict[str, dict]:
+        cfg = tiny_config(algorithm="ac2", rollout__chunk_tokens=16, advantage__full_credit="critic", **knobs)
+        return {r["chunk_id"]: r for r in advantages(cfg, scored, ready=ready, pairs=pairs)}
+
+    plain, scaled = credit(), credit(advantage__credit_scale=True)
+    assert plain["mixed-0"]["token_advantages"] == pytest.approx([-0.4] * 16 + [-0.2] * 16)
+    # divided by the group's std (0.5) as the outcome advantage was: the slip's tokens weigh what the outcome gave them
+    assert scaled["mixed-0"]["token_advantages"] == pytest.approx([-0.8] * 16 + [-0.4] * 16, rel=1e-5)
+    assert scaled["mixed-1"]["advantage"] == pytest.approx(2 * (1.0 - 0.6), rel=1e-5)
+    assert scaled["mixed-0"]["baseline"] == pytest.approx(0.6)
+    # no spread to scale by: the credit stays as it is
+    assert scaled["equal-0"]["token_advantages"] == plain["equal-0"]["token_advantages"]
+    assert plain["equal-0"]["token_advantages"] == pytest.approx([-0.3] * 16 + [-0.1] * 16)
+    # an answer shown no reference keeps its outcome advantage (GRPO's +1); the others are credited
+    needs = credit(advantage__credit_needs_reference=True)
+    assert needs["mixed-1"]["token_advantages"] is None and needs["mixed-1"]["advantage"] == pytest.approx(1.0, rel=1e-5)
+    assert needs["mixed-0"]["token_advantages"] == plain["mixed-0"]["token_advantages"]
+    # a knob of the critic's credit without the credit is a mistake, named
+    for knob in ("credit_scale", "credit_needs_reference"):
+        with pytest.raises(ValueError, match=f"{knob} shapes the critic's credit"):
+            tiny_config(algorithm="ac2", **{f"advantage__{knob}": True})
+
+
 @pytest.mark.parametrize("kind", ["learned", "oracle"])
 def test_critic_credit_runs_through_the_stages_and_trains_each_token_on_its_own_advantage(run_dir, kind):
     cfg = tiny_config(algorithm="ac2", critic__kind=kind, readiness__gate=False, advantage__full_credit="critic")
