@@ -368,6 +368,10 @@ class AdvantageConfig(Section):
     def _floor_needs_scaling(self) -> AdvantageConfig:
         if self.std_floor > 0 and not self.scale_std:
             raise ValueError(f"std_floor ({self.std_floor}) bounds the std that scale_std divides by; set scale_std true")
+        return self
+
+    @model_validator(mode="after")
+    def _credit_knobs_need_the_credit(self) -> AdvantageConfig:
         for knob in ("credit_scale", "credit_needs_reference"):
             if getattr(self, knob) and self.full_credit != "critic":
                 raise ValueError(f"{knob} shapes the critic's credit along whole answers; set full_credit critic")
