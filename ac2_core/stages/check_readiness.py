@@ -106,8 +106,8 @@ def _credit_along(cfg: AC2Config, scored: list[dict], ready: set[str], pairs: Se
         if None in values:
             raise ValueError(f"full-mode answer {s['chunk_id']}: no critic values along it for advantage.full_credit critic")
         credit = critic_credit(values, s["reward"], length, cfg.rollout.chunk_tokens, lam=cfg.advantage.credit_lambda)
-        spread = s["reward"] - row["baseline"]  # the outcome row's R - b, which its advantage scaled
-        scale = row["advantage"] / spread if cfg.advantage.credit_scale and row["advantage"] and spread else 1.0
+        # the outcome row's A / (R - b); an advantage of 0 has no spread to scale by (R = b)
+        scale = row["advantage"] / (s["reward"] - row["baseline"]) if cfg.advantage.credit_scale and row["advantage"] else 1.0
         row.update(baseline=values[0], advantage=(s["reward"] - values[0]) * scale, token_advantages=[a * scale for a in credit])
 
 

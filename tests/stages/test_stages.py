@@ -319,19 +319,21 @@ def test_replay_rate_full_groups_measure_each_answer_against_its_problems_rate()
     assert advantages(unscaled, one, ready=set())[0]["advantage"] == pytest.approx(0.75)
 
 
+def _whole_answers(pid: str, rewards: list[float], *, length: int, refs: list[str | None] | None = None) -> list[dict]:
+    """Finished full-mode answers of ``length`` tokens with these rewards, each shown its reference in ``refs``."""
+    rows = _scored(pid, "full", rewards, "reward")
+    answer = {"baseline_rate": None, "finished": True, "response_token_ids": [7] * length}
+    return [{**r, **answer, "reward": r["target"], "ref_trajectory_id": ref} for r, ref in zip(rows, refs or [None] * len(rows))]
+
+
 def test_critic_credit_gives_a_ready_problems_whole_answers_one_advantage_per_token_from_the_values_along_them():
     from ac2_core.stages.check_readiness import advantages
     from ac2_core.stages.update_actor import trained_rows
 
-    def answers(pid: str, rewards: list[float]) -> list[dict]:  # 40-token answers: segments at 0, 16, 32
-        rows = _scored(pid, "full", rewards, "reward")
-        answer = {"baseline_rate": None, "finished": True, "response_token_ids": [7] * 40}
-        return [{**r, **answer, "reward": r["target"]} for r in rows]
-
     def pair(chunk_id: str, cut: int, v: float) -> dict:
         return {"trajectory_id": chunk_id, "cut": cut, "prediction": v}
 
-    scored = answers("ready", [0.0, 1.0]) + answers("new", [1.0, 0.0])
+    scored = _whole_answers("ready", [0.0, 1.0], length=40) + _whole_answers("new", [1.0, 0.0], length=40)  # cuts 0, 16, 32
     # the first answer slips in its second segment (V 0.5 -> 0), the second stays on to its reward
     pairs = [pair("ready-0", c, v) for c, v in ((32, 0.0), (0, 0.3), (16, 0.5))]  # in any order
     pairs += [pair("ready-1", c, v) for c, v in ((0, 0.3), (16, 0.5), (32, 0.8))]
@@ -361,13 +363,10 @@ def test_critic_credit_gives_a_ready_problems_whole_answers_one_advantage_per_to
 def test_critic_credit_can_keep_the_outcomes_scale_and_skip_the_answers_shown_no_reference():
     from ac2_core.stages.check_readiness import advantages
 
-    def answers(pid: str, rewards: list[float], refs: list[str | None]) -> list[dict]:  # 32-token answers: cuts 0, 16
-        rows = _scored(pid, "full", rewards, "reward")
-        answer = {"baseline_rate": None, "finished": True, "response_token_ids": [7] * 32}
-        return [{**r, **answer, "reward": r["target"], "ref_trajectory_id": ref} for r, ref in zip(rows, refs)]
-
-    # a GRPO group [0, 1] (mean 0.5, std 0.5: outcome advantages -1, +1) and a group of equal rewards (no spread)
-    scored = answers("mixed", [0.0, 1.0], ["ref-a", None]) + answers("equal", [0.0, 0.0], ["ref-b", "ref-b"])
+    # a GRPO group [0, 1] (mean 0.5, std 0.5: outcome advantages -1, +1) and a group of equal rewards (no spread);
+    # 32-token answers: cuts 0, 16
+    scored = _whole_answers("mixed", [0.0, 1.0], length=32, refs=["ref-a", None])
+    scored += _whole_answers("equal", [0.0, 0.0], length=32, refs=["ref-b", "ref-b"])
     values = {"mixed-0": (0.6, 0.2), "mixed-1": (0.6, 0.8), "equal-0": (0.4, 0.1), "equal-1": (0.4, 0.4)}
     pairs = [{"trajectory_id": c, "cut": cut, "prediction": v} for c, vs in values.items() for cut, v in zip((0, 16), vs)]
     ready = {"mixed", "equal"}
