@@ -396,7 +396,8 @@ class ActorConfig(Section):
 
 
 class CriticConfig(Section):
-    added_later = ("reference_match", "source_reference", "replay_iterations")  # left out of the dump at their defaults (Section)
+    # left out of the dump at their defaults (Section)
+    added_later = ("reference_match", "reference_left_flag", "source_reference", "replay_iterations")
 
     kind: Literal["learned", "oracle", "blind"] = Field(
         "learned",
@@ -432,6 +433,12 @@ class CriticConfig(Section):
         False,
         description="the value head also reads how the partial answer runs along the reference: the length of the"
         " answer's latest run of tokens the reference holds, and how many written tokens left it (needs use_reference)",
+    )
+    reference_left_flag: bool = Field(
+        False,
+        description="the reference match also reads whether any written token has left the reference (1 from the first"
+        " one on), beside the log of how many: a head reading the count alone commits slowly a few tokens past a slip"
+        " (needs reference_match)",
     )
     source_reference: bool = Field(
         False,
@@ -484,6 +491,8 @@ class CriticConfig(Section):
             )
         if self.reference_match and not self.use_reference:
             raise ValueError("reference_match reads the reference the critic is shown; it needs use_reference true")
+        if self.reference_left_flag and not self.reference_match:
+            raise ValueError("reference_left_flag is one of the reference-match features; it needs reference_match true")
         if self.source_reference and not self.use_reference:
             raise ValueError("source_reference picks a reference to show the critic; it needs use_reference true")
         if self.reference_min_logprob is not None and not self.use_reference:

@@ -13,7 +13,8 @@ would otherwise have to rediscover (docs/algorithm.md, research log section 7).
 A critic that *matches the reference* (``critic.reference_match``) also reads, at each token of
 the partial answer, how far the answer's latest tokens run on along the reference: the length
 of the longest run ending there that the reference also holds, and how many of the written
-tokens so far ended a run shorter than ``MATCH_NGRAM`` (they left the reference). It is the copy
+tokens so far ended a run shorter than ``MATCH_NGRAM`` (they left the reference), and with
+``left_flag`` whether any has. It is the copy
 circuit (an induction head) a pretrained LLM brings to a reference and a tiny backbone does not
 learn from scalar outcomes (research log section 16); the value head decides what leaving the
 reference is worth, since a correct answer may take another route than its reference.
@@ -55,24 +56,35 @@ SURPRISE_GAIN = 32.0
 
 # log(1 + written tokens that left the reference), log(1 + the current run along it), 1: a reference is shown
 MATCH_FEATURES = 3
+# ... and with the left flag (``critic.reference_left_flag``) a fourth: 1 once any written token has left it. The log
+# count is small a few tokens past a slip, so a linear head reading it alone commits slowly (research log section 25)
+LEFT_FLAG_FEATURES = 1
 MATCH_GAIN = SURPRISE_GAIN  # the same reason as surprise's: features of O(1) beside the hidden state
 MATCH_NGRAM = 4  # a written token is on the reference when the run ending at it is at least this long (or the whole answer)
 
 
-def head_width(hidden_size: int, *, surprise: bool, match: bool = False) -> int:
+def match_width(*, match: bool, left_flag: bool = False) -> int:
+    """How many reference-match features the value head reads."""
+    return (MATCH_FEATURES + (LEFT_FLAG_FEATURES if left_flag else 0)) if match else 0
+
+
+def head_width(hidden_size: int, *, surprise: bool, match: bool = False, left_flag: bool = False) -> int:
     """Inputs of the value head: the hidden state, then the reference-match and the surprise features when
     the critic reads them."""
-    return hidden_size + (MATCH_FEATURES if match else 0) + (SURPRISE_FEATURES if surprise else 0)
+    return hidden_size + match_width(match=match, left_flag=left_flag) + (SURPRISE_FEATURES if surprise else 0)
 
 
-def reference_match(input_ids: torch.Tensor, attention_mask: torch.Tensor, *, ref_id: int, state_id: int) -> torch.Tensor:
-    """(B, T, MATCH_FEATURES) float32 of critic inputs ``prompt <|ref|> reference <|state|> answer``.
+def reference_match(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, *, ref_id: int, state_id: int, left_flag: bool = False
+) -> torch.Tensor:
+    """(B, T, match_width) float32 of critic inputs ``prompt <|ref|> reference <|state|> answer``.
 
     At each answer position ``t``: log(1 + the answer tokens up to ``t`` that left the reference),
     log(1 + the length of the longest run of answer tokens ending at ``t`` that occurs in the
-    reference), and 1. A token left the reference when that run is shorter than ``MATCH_NGRAM``
-    (or than the answer so far, at its start). Zeros before the answer, and on rows without a
-    reference (no ``ref_id`` before the ``state_id``).
+    reference), and 1; with ``left_flag``, also 1 once any of those tokens left it. A token left
+    the reference when that run is shorter than ``MATCH_NGRAM`` (or than the answer so far, at its
+    start). Zeros before the answer, and on rows without a reference (no ``ref_id`` before the
+    ``state_id``).
     """
     mask = attention_mask.bool()
     B, T = input_ids.shape
@@ -98,12 +110,11 @@ def reference_match(input_ids: torch.Tensor, attention_mask: torch.Tensor, *, re
         run = torch.where(tokens[:, t, None].eq(reference), extended, 0)
         longest[:, t] = run.max(dim=1).values
     count = written.long().cumsum(dim=1)  # answer tokens up to t
-    left = written & (longest < count.clamp(max=MATCH_NGRAM))
-    features = torch.stack(
-        [torch.log1p(left.long().cumsum(dim=1).float()), torch.log1p(longest.float()), torch.ones(B, T, device=input_ids.device)],
-        dim=-1,
-    )
-    return features * (written & has_ref)[..., None]
+    left = (written & (longest < count.clamp(max=MATCH_NGRAM))).long().cumsum(dim=1).float()  # tokens that left, up to t
+    columns = [torch.log1p(left), torch.log1p(longest.float()), torch.ones(B, T, device=input_ids.device)]
+    if left_flag:
+        columns.append(left.gt(0).float())
+    return torch.stack(columns, dim=-1) * (written & has_ref)[..., None]
 
 
 def _zero_head(width: int, *, seed: int = 0) -> nn.Linear:
@@ -125,7 +136,8 @@ class Critic(nn.Module):
 
     With ``lm_head`` (and ``state_id``, the token that opens the partial answer) the value head
     reads the surprise features beside the hidden state, and with ``ref_id`` (and ``state_id``)
-    the reference-match features: ``[hidden state, match, surprise]``. See the module docstring.
+    the reference-match features (with ``left_flag``, the "has left" indicator among them):
+    ``[hidden state, match, surprise]``. See the module docstring.
     """
 
     def __init__(
@@ -136,13 +148,18 @@ class Critic(nn.Module):
         lm_head: nn.Linear | None = None,
         state_id: int | None = None,
         ref_id: int | None = None,
+        left_flag: bool = False,
     ):
         super().__init__()
         if state_id is None and (lm_head is not None or ref_id is not None):
             raise ValueError("a critic with surprise or reference match needs state_id, the token that opens the answer")
         if lm_head is None and ref_id is None and state_id is not None:
             raise ValueError("a critic given state_id reads surprise (lm_head) or the reference match (ref_id)")
-        expected = head_width(backbone.config.hidden_size, surprise=lm_head is not None, match=ref_id is not None)
+        if left_flag and ref_id is None:
+            raise ValueError("left_flag is one of the reference-match features: it needs ref_id")
+        expected = head_width(
+            backbone.config.hidden_size, surprise=lm_head is not None, match=ref_id is not None, left_flag=left_flag
+        )
         if value_head.in_features != expected:
             raise ValueError(f"value head takes {value_head.in_features} inputs; this critic gives it {expected}")
         self.backbone = backbone
@@ -154,6 +171,7 @@ class Critic(nn.Module):
             self.lm_head.requires_grad_(False)  # read, never trained: the value loss does not reach it
         self.state_id = state_id
         self.ref_id = ref_id
+        self.left_flag = left_flag
 
     @property
     def surprise(self) -> bool:
@@ -184,18 +202,22 @@ class Critic(nn.Module):
         head = _zero_head(head_width(backbone.config.hidden_size, surprise=surprise, match=ref_id is not None), seed=seed)
         return cls(backbone, head, lm_head=lm_head, state_id=state_id, ref_id=ref_id).eval()
 
-    def with_reference_match(self, ref_id: int | None, state_id: int) -> Critic:
-        """This critic with (``ref_id``) or without (None) the reference match, and a zero value head.
+    def with_reference_match(self, ref_id: int | None, state_id: int, *, left_flag: bool = False) -> Critic:
+        """This critic with (``ref_id``, and the "has left" indicator with ``left_flag``) or without
+        (None) the reference match, and a zero value head.
 
         For a critic whose head was never fitted (the bootstrap's, V = 0.5 everywhere): V stays
         0.5, and the first fit learns the head the run's config names. ValueError on a fitted head.
         """
         if bool(self.value_head.weight.any()) or bool(self.value_head.bias.any()):
             raise ValueError("a fitted value head keeps its inputs: only a zero head can gain or lose the reference match")
-        width = head_width(self.backbone.config.hidden_size, surprise=self.surprise, match=ref_id is not None)
+        width = head_width(
+            self.backbone.config.hidden_size, surprise=self.surprise, match=ref_id is not None, left_flag=left_flag
+        )
         head = _zero_head(width).to(device=self.value_head.weight.device, dtype=self.value_head.weight.dtype)
         state_id = state_id if self.surprise or ref_id is not None else None
-        return Critic(self.backbone, head, lm_head=self.lm_head, state_id=state_id, ref_id=ref_id).train(self.training)
+        critic = Critic(self.backbone, head, lm_head=self.lm_head, state_id=state_id, ref_id=ref_id, left_flag=left_flag)
+        return critic.train(self.training)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, every_position: bool = False) -> torch.Tensor:
         """input_ids, attention_mask: (B, T); left or right padded. Returns logits: (B,) float32,
@@ -208,7 +230,10 @@ class Critic(nn.Module):
         hidden = self._hidden(input_ids, attention_mask)  # (B, T, H)
         features = []  # beside the hidden state, in the order head_width counts them
         if self.match:
-            features.append(reference_match(input_ids, attention_mask, ref_id=self.ref_id, state_id=self.state_id) * MATCH_GAIN)
+            match = reference_match(
+                input_ids, attention_mask, ref_id=self.ref_id, state_id=self.state_id, left_flag=self.left_flag
+            )
+            features.append(match * MATCH_GAIN)
         if self.surprise:
             features.append(self._surprise(hidden, input_ids, attention_mask))
         if features:
@@ -295,10 +320,12 @@ class Critic(nn.Module):
             meta["reference_match"] = {
                 "ref_id": self.ref_id,
                 "state_id": self.state_id,
-                "features": MATCH_FEATURES,
+                "features": match_width(match=True, left_flag=self.left_flag),
                 "ngram": MATCH_NGRAM,
                 "gain": MATCH_GAIN,
             }
+            if self.left_flag:  # absent on the critics written before the flag, which read without it
+                meta["reference_match"]["left_flag"] = True
         (path / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         tokenizer.save_pretrained(path)
         return path
@@ -325,18 +352,19 @@ class Critic(nn.Module):
         )
         state = load_file(str(path / HEAD_FILE))
         hidden = backbone.config.hidden_size
-        width = head_width(hidden, surprise=bool(surprise), match=bool(match))
+        left_flag = bool(match and match.get("left_flag"))
+        width = head_width(hidden, surprise=bool(surprise), match=bool(match), left_flag=left_flag)
         if meta["hidden_size"] != hidden or tuple(state["weight"].shape) != (1, width):
             raise ValueError(
                 f"critic directory {path}: value head of shape {tuple(state['weight'].shape)} "
                 f"(critic.json hidden_size {meta['hidden_size']}, surprise {bool(surprise)}, reference_match"
                 f" {bool(match)}) does not fit a backbone of hidden size {hidden}: expected (1, {width})"
             )
-        computed = (MATCH_FEATURES, MATCH_NGRAM, MATCH_GAIN)
+        computed = (match_width(match=True, left_flag=left_flag), MATCH_NGRAM, MATCH_GAIN)
         if match and (match.get("features"), match.get("ngram"), match.get("gain")) != computed:
             raise ValueError(
                 f"{path / META_FILE}: reference match of {match.get('features')} features, n-gram {match.get('ngram')}"
-                f" at gain {match.get('gain')}; this ac2 computes {MATCH_FEATURES}, {MATCH_NGRAM} at gain {MATCH_GAIN}"
+                f" at gain {match.get('gain')}; this ac2 computes {computed[0]}, {MATCH_NGRAM} at gain {MATCH_GAIN}"
             )
         if surprise and (surprise.get("features"), surprise.get("gain")) != (SURPRISE_FEATURES, SURPRISE_GAIN):
             raise ValueError(
@@ -357,7 +385,8 @@ class Critic(nn.Module):
             lm_head.weight.data.copy_(weight)
         state_id = (surprise or match or {}).get("state_id")
         ref_id = match["ref_id"] if match else None
-        return cls(backbone, head, lm_head=lm_head, state_id=state_id, ref_id=ref_id).eval(), load_tokenizer(path)
+        critic = cls(backbone, head, lm_head=lm_head, state_id=state_id, ref_id=ref_id, left_flag=left_flag)
+        return critic.eval(), load_tokenizer(path)
 
 
 def read_meta(path: Path) -> dict:

@@ -125,18 +125,28 @@ class CriticStats(StageStats):
 
 
 def _match_as_configured(cfg: AC2Config, ckpt: Checkpoint) -> None:
-    """The critic's first fit gives its head the reference match when ``critic.reference_match`` asks, and
-    takes it away when not: the bootstrap makes its critic without, so one bootstrap serves both."""
+    """The critic's first fit gives its head the reference match (and its "has left" indicator) when
+    ``critic.reference_match`` (and ``critic.reference_left_flag``) asks, and takes it away when not: the
+    bootstrap makes its critic without, so one bootstrap serves every layout."""
     critic = ckpt.model
-    if critic.match == cfg.critic.reference_match:
+    wanted = (cfg.critic.reference_match, cfg.critic.reference_left_flag)
+    if (critic.match, critic.left_flag) == wanted:
         return
     if ckpt.version != 0:
         raise ValueError(
-            f"critic {ckpt.uri} was fitted {'with' if critic.match else 'without'} the reference match and"
-            f" critic.reference_match is {str(cfg.critic.reference_match).lower()}: a fitted value head keeps its inputs"
+            f"critic {ckpt.uri} was fitted {_match_layout(critic.match, critic.left_flag)} and the config asks for"
+            f" {_match_layout(*wanted)} (critic.reference_match, critic.reference_left_flag): a fitted value head keeps"
+            " its inputs"
         )
     ids = special_ids(ckpt.tokenizer)
-    ckpt.model = critic.with_reference_match(ids["ref"] if cfg.critic.reference_match else None, ids["state"])
+    ref_id = ids["ref"] if cfg.critic.reference_match else None
+    ckpt.model = critic.with_reference_match(ref_id, ids["state"], left_flag=cfg.critic.reference_left_flag)
+
+
+def _match_layout(match: bool, left_flag: bool) -> str:
+    if not match:
+        return "without the reference match"
+    return "with the reference match" + (" and its left flag" if left_flag else " without its left flag")
 
 
 @data_parallel.launches(STAGE, CriticStats)  # over training.num_processes processes, when more than one

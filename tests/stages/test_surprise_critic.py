@@ -69,5 +69,9 @@ def test_the_first_fit_gives_the_bootstraps_critic_the_reference_match_and_a_fit
     assert bool(head[0, hidden : hidden + MATCH_FEATURES].abs().sum() > 0) == shown
     # a run that turns it off cannot go on from a critic fitted with it
     without = tiny_config(critic__reference_match=False, critic__train_backbone=False, critic__dense=True)
-    with pytest.raises(ValueError, match=r"fitted with the reference match and critic.reference_match is false"):
+    with pytest.raises(
+        ValueError,
+        match=r"fitted with the reference match without its left flag and the config asks for"
+        r" without the reference match",
+    ):
         run_stages(without, layout, 3)

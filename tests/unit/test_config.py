@@ -83,6 +83,10 @@ def test_unknown_key_names_the_dotted_field(data, field):
             ["critic.reference_match: reference_match reads the reference", "needs use_reference true"],
         ),
         (
+            {"critic": {"reference_left_flag": True}},
+            ["critic.reference_left_flag: reference_left_flag is one of the reference-match features", "reference_match true"],
+        ),
+        (
             {"critic": {"source_reference": True, "use_reference": False}},
             ["critic.source_reference: source_reference picks a reference", "needs use_reference true"],
         ),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import string
 import subprocess
@@ -313,6 +314,11 @@ def test_reference_match_counts_the_answers_run_along_the_reference_and_the_toke
     assert left == [0, 0, 0, 0, 1, 2, 3, 4, 4, 5]
     assert features[head:, 2].tolist() == [1.0] * len(answer)  # a reference is shown
     assert torch.equal(features[:head], torch.zeros(head, MATCH_FEATURES))  # nothing of the answer written yet
+    # the left flag adds one column: 1 from the first token that left on, even once the answer is back on the reference
+    flagged = reference_match(x, torch.ones_like(x), ref_id=ref, state_id=state, left_flag=True)[0]
+    assert torch.equal(flagged[:, :MATCH_FEATURES], features)
+    assert flagged[head:, MATCH_FEATURES].tolist() == [0.0] * 4 + [1.0] * 6
+    assert flagged[:head].abs().sum() == 0
 
 
 def test_reference_match_is_zero_without_a_reference_and_ignores_padding():
@@ -365,6 +371,27 @@ def test_match_critic_reads_its_features_survives_save_load_and_learns_their_wei
     assert critic.value_head.weight.grad[0, hidden : hidden + MATCH_FEATURES].abs().sum() > 0
 
 
+def test_a_match_critic_with_the_left_flag_keeps_it_through_save_and_load(model, tokenizer, tmp_path):
+    ids = special_ids(tokenizer)
+    critic = Critic.from_actor(model, seed=0, state_id=ids["state"]).with_reference_match(
+        ids["ref"], ids["state"], left_flag=True
+    )
+    with torch.no_grad():
+        critic.value_head.weight.copy_(torch.linspace(-1, 1, critic.value_head.in_features)[None] / 8)
+    x = torch.tensor([_surprise_input(tokenizer, "1+2=4;#4")])
+    critic.save(tmp_path / "critic", tokenizer)
+    loaded, _ = Critic.load(tmp_path / "critic")
+    assert (loaded.match, loaded.left_flag, loaded.surprise) == (True, True, True)
+    with torch.no_grad():
+        assert torch.equal(loaded(x, torch.ones_like(x), every_position=True), critic(x, torch.ones_like(x), every_position=True))
+    # a critic.json whose feature count disagrees with its flag is refused, naming both
+    meta = json.loads((tmp_path / "critic" / "critic.json").read_text())
+    del meta["reference_match"]["left_flag"]
+    (tmp_path / "critic" / "critic.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="does not fit"):
+        Critic.load(tmp_path / "critic")
+
+
 def test_match_critic_needs_the_state_separator_to_find_its_answer(model, tokenizer):
     with pytest.raises(ValueError, match="needs state_id"):
         Critic.from_actor(model, seed=0, ref_id=special_ids(tokenizer)["ref"])
@@ -381,5 +408,9 @@ def test_an_unfitted_critic_gains_or_loses_the_reference_match_and_a_fitted_one_
         assert torch.equal(matching.values(x, torch.ones_like(x)), torch.tensor([0.5]))  # a zero head: V as it was
     back = matching.with_reference_match(None, ids["state"])
     assert not back.match and back.value_head.in_features == critic.value_head.in_features
+    flagged = critic.with_reference_match(ids["ref"], ids["state"], left_flag=True)
+    assert flagged.left_flag and flagged.value_head.in_features == matching.value_head.in_features + 1
+    with pytest.raises(ValueError, match="left_flag is one of the reference-match features"):
+        Critic(critic.backbone, critic.value_head, lm_head=critic.lm_head, state_id=ids["state"], left_flag=True)
     with pytest.raises(ValueError, match="a fitted value head keeps its inputs"):
         _surprise_critic(model, tokenizer).with_reference_match(ids["ref"], ids["state"])
