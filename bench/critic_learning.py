@@ -84,6 +84,7 @@ class Condition:
     # the many it already can; the cap keeps unpredictable ones (a slip in the answer) from taking over
     read_focus: float = 0.0
     reference_match: bool = False  # critic.reference_match: the head also reads the answer's run along the reference
+    left_flag: bool = False  # critic.reference_left_flag: ... and whether any written token has left it
     note: str = ""
     overrides: dict = field(default_factory=dict)  # reserved for critic options of the library
 
@@ -145,6 +146,7 @@ CONDITIONS: dict[str, Condition] = {
         dense=True, lr=3e-4, backbone="bootstrap", train_backbone=False, reference_match=True, note="... matching the reference"
     ),
 }
+CONDITIONS["library_match_left"] = replace(CONDITIONS["library_match"], left_flag=True, note="... and whether it has left")
 CONDITIONS["surprise_frozen_readslip500+500_dense"] = replace(
     CONDITIONS["surprise_frozen_readslip500_dense"], read_steps=1000, read_continues=500, note="reads 500 steps more"
 )
@@ -343,7 +345,9 @@ def make_critic(cfg, actor, tok, answers: list[Answer], cond: Condition, seed: i
 
         critic = ModelStore(cfg).load(bootstrap_critic, kind="critic").model
         if cond.reference_match:  # as a run's first fit gives it (update_critic)
-            critic = critic.with_reference_match(tok.convert_tokens_to_ids("<|ref|>"), tok.convert_tokens_to_ids("<|state|>"))
+            critic = critic.with_reference_match(
+                tok.convert_tokens_to_ids("<|ref|>"), tok.convert_tokens_to_ids("<|state|>"), left_flag=cond.left_flag
+            )
         return critic.train().to(device=next(actor.parameters()).device, dtype=torch.float32)
     backbone_src = actor
     if cond.read_steps:
@@ -542,7 +546,7 @@ def score(cfg, tok, critic, heldout: list[Answer], cond: Condition) -> dict:
     import torch
 
     arith = cfg.task.name == "arith"  # only arith has a worked solution to leave
-    values, outcomes, depth, has_ref, left = [], [], [], [], []
+    values, outcomes, depth, has_ref, left, first = [], [], [], [], [], []
     with torch.no_grad():
         for start in range(0, len(heldout), 128):
             part = heldout[start : start + 128]
@@ -550,13 +554,17 @@ def score(cfg, tok, critic, heldout: list[Answer], cond: Condition) -> dict:
             v = torch.sigmoid(position_logits(critic, inputs, tok.pad_token_id)).cpu()
             for i, (a, x) in enumerate(zip(part, inputs)):
                 head = len(x) - len(a.response)
+                gone = False  # whether the answer had left the worked solution at its previous cut
                 for c in a.cuts:
                     values.append(float(v[i, head - 1 + c]))
                     outcomes.append(a.outcome)
                     depth.append(c)
                     has_ref.append(a.ref is not None)
                     left.append(arith and has_left(tok, a, c))
-    return summarize(values, outcomes, depth, has_ref, cfg.rollout.chunk_tokens, left if arith else None)
+                    first.append(left[-1] and not gone)
+                    gone = left[-1]
+    arith_only = (left, first) if arith else (None, None)
+    return summarize(values, outcomes, depth, has_ref, cfg.rollout.chunk_tokens, *arith_only)
 
 
 def has_left(tok, a: Answer, c: int) -> bool:
@@ -564,7 +572,9 @@ def has_left(tok, a: Answer, c: int) -> bool:
     return not a.canonical.startswith(tok.decode(a.response[:c], skip_special_tokens=True))
 
 
-def summarize(values, outcomes, depth, has_ref, chunk: int, left: list[bool] | None = None) -> dict:
+def summarize(
+    values, outcomes, depth, has_ref, chunk: int, left: list[bool] | None = None, first: list[bool] | None = None
+) -> dict:
     from ac2_core.math.readiness import auc_error, binned_calibration_error
 
     def auc(sel):
@@ -588,6 +598,12 @@ def summarize(values, outcomes, depth, has_ref, chunk: int, left: list[bool] | N
     if gone:
         out["v_left"] = statistics.fmean(v for v, _ in gone)  # what the critic says there
         out["rate_left"] = statistics.fmean(o for _, o in gone)  # what a calibrated one would say
+    # ... at the first cut past the departure alone: how soon the critic commits
+    just = [(v, o) for v, o, f, r in zip(values, outcomes, first, has_ref) if f and r] if first is not None else []
+    if just:
+        out["v_first_left"] = statistics.median(v for v, _ in just)
+        out["above_half_first_left"] = statistics.fmean(v > 0.5 for v, _ in just)
+        out["rate_first_left"] = statistics.fmean(o for _, o in just)
     return out
 
 
@@ -845,16 +861,17 @@ def report(records: list[dict], meta: dict, reproduce: str) -> str:
         "## Critics: condition x steps",
         "",
         "| condition | what it is | steps | AUC past 1st chunk, with ref | AUC past 1st chunk | AUC | gap | calibration error |"
-        " V after leaving the solution (its success rate) | fitted states | device | load |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        " V after leaving the solution (its success rate) | median V at the first cut past leaving (its success rate)"
+        " | fitted states | device | load |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for r in runs:
         cond = CONDITIONS.get(r["condition"])
         what = describe(cond) if cond else ""
         lines.append(
             f"| {r['condition']} | {what} | {r['steps']} | {r['auc_past_ref']:.3f} | {r['auc_past']:.3f} | {r['auc']:.3f} |"
-            f" {r['gap']:.3f} | {r['ece']:.3f} | {_left(r)} | {r['fitted_states']:,} | {r.get('device', 'cpu')}"
-            f" | {r.get('load', 0):.1f} |"
+            f" {r['gap']:.3f} | {r['ece']:.3f} | {_left(r)} | {_first_left(r)} | {r['fitted_states']:,}"
+            f" | {r.get('device', 'cpu')} | {r.get('load', 0):.1f} |"
         )
     lines += ["", MARKER, ""]
     return "\n".join(lines)
@@ -863,6 +880,14 @@ def report(records: list[dict], meta: dict, reproduce: str) -> str:
 def _left(r: dict) -> str:
     """V on the states past a departure from the worked solution, and how often they succeed (arith; newer records)."""
     return f"{r['v_left']:.3f} ({r['rate_left']:.3f})" if "v_left" in r else "-"
+
+
+def _first_left(r: dict) -> str:
+    """The median V at the first cut past a departure, the share of those values above 0.5, and how often such
+    states succeed (arith; newer records)."""
+    if "v_first_left" not in r:
+        return "-"
+    return f"{r['v_first_left']:.3f}, {r['above_half_first_left']:.0%} > 0.5 ({r['rate_first_left']:.3f})"
 
 
 def _predictor_row(r: dict) -> str:
@@ -889,7 +914,7 @@ def describe(c: Condition) -> str:
     if c.answers:
         parts.append(f"fits {c.answers:,} answers")
     if c.reference_match:
-        parts.append("reads its run along the reference")
+        parts.append("reads its run along the reference" + (" and whether it has left it" if c.left_flag else ""))
     if c.backbone == "bootstrap":
         parts.append("the bootstrap's critic (as the config made it)")
     return ", ".join(parts)
