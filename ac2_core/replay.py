@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -71,16 +72,19 @@ def choose_reference(
     *,
     exclude: str | None,
     success_threshold: float,
-    or_excluded: bool = False,
+    or_excluded: bool | Literal["always"] = False,
     likelihood: Mapping[str, float] | None = None,
     min_logprob: float | None = None,
 ) -> str | None:
     """The latest successful finished trajectory of one problem other than ``exclude``; with
-    ``or_excluded``, ``exclude`` itself when it is the only success.
+    ``or_excluded``, ``exclude`` itself when it is the only success, and with ``"always"``,
+    ``exclude`` itself whenever it is a success.
 
     ``exclude`` is the trajectory a chunk's prefix was cut from. Its continuations are fresh
     answers, so showing it leaks no outcome; ``critic.source_reference`` sets ``or_excluded``,
-    and by default such a prefix has no reference.
+    and by default such a prefix has no reference. Shown its own source, a prefix agrees with
+    its reference up to the cut, so what the critic reads of the match is the continuation's
+    alone; another success may have taken a route the prefix did not (research log section 25).
 
     With ``likelihood`` (each success's summed log-probability under the current actor), the
     most likely success instead of the latest, and none below ``min_logprob``: a lucky success,
@@ -94,6 +98,9 @@ def choose_reference(
         ok = [t for t in ok if t["trajectory_id"] not in lucky]
         key = lambda t: (-likelihood[t["trajectory_id"]], *_newest_first(t))  # noqa: E731
     others = [t for t in ok if t["trajectory_id"] != exclude]
+    source = [t for t in ok if t["trajectory_id"] == exclude]
+    if or_excluded == "always" and source:
+        return exclude
     pick = others or (ok if or_excluded else [])
     return min(pick, key=key)["trajectory_id"] if pick else None
 

@@ -303,6 +303,9 @@ VARIANTS: dict[str, dict] = {
     # (research log section 25) the learned critic is slow to commit a few tokens past a slip, where the log count of
     # tokens that left the reference is still small: the match features with a "has left" indicator beside it
     "ac2_floor_age8_one_srconly_srcref_match_left_s2": {**LEARNED_SRCONLY, "critic.reference_left_flag": True},
+    # ... and 80% of the learned arm's inverted chunk groups were shown another success that is lucky (two cancelling
+    # errors): every chunk prefix shown its own source, which agrees with it up to the cut
+    "ac2_floor_age8_one_srconly_srcalways_match_s2": {**LEARNED_SRCONLY, "critic.source_reference": "always"},
     # GRPO's search on the forking toy, around its best setting of the old toy (two steps at lr 3e-5)
     "grpo_skip_s2": {"algorithm": "grpo", "rollout.skip_solved_groups": 2, **S2},
     "grpo_s2_lr5": {"algorithm": "grpo", **S2, "actor.lr": 5e-5},

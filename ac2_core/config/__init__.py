@@ -440,11 +440,13 @@ class CriticConfig(Section):
         " one on), beside the log of how many: a head reading the count alone commits slowly a few tokens past a slip"
         " (needs reference_match)",
     )
-    source_reference: bool = Field(
+    source_reference: bool | Literal["always"] = Field(
         False,
-        description="a chunk-mode prefix whose problem has no other success in replay is shown the success it was"
-        " cut from as its reference (its continuations are fresh answers, so none is its own reference); false: such"
-        " a prefix has no reference",
+        description="true: a chunk-mode prefix whose problem has no other success in replay is shown the success it"
+        " was cut from as its reference (its continuations are fresh answers, so none is its own reference); always:"
+        " every chunk-mode prefix cut from a success is shown that success, so prefix and reference agree up to the"
+        " cut (another success may have taken a route the prefix did not); false: a prefix with no other success has"
+        " no reference",
     )
     reference_min_logprob: float | None = Field(
         None,

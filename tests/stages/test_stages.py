@@ -622,6 +622,20 @@ def test_source_reference_shows_a_chunk_prefix_with_no_other_success_the_success
     assert {r[2] for r in _planned([_answer("lost", 0.0)], critic__source_reference=True)} == {None}
 
 
+def test_source_reference_always_shows_a_chunk_prefix_the_success_it_was_cut_from():
+    two = [_answer("won", 1.0), _answer("lost", 0.0), _answer("won-later", 1.0, it=2)]
+    always = _planned(two, critic__source_reference="always")
+    assert {source for _, source, _ in always} <= {"won", "won-later"}
+    assert all(mode == "chunk" and ref == source for mode, source, ref in always)
+    assert all(ref != source for _, source, ref in _planned(two, critic__source_reference=True))  # true: another one
+    # a prefix cut from a failure is shown another success, as under true; none where there is no success
+    failed = _planned([_answer("lost", 0.0), _answer("won", 1.0)], rollout__prefix_source="any")
+    cut_from_failure = _planned([_answer("lost", 0.0), _answer("won", 1.0)], rollout__prefix_source="any",
+                                critic__source_reference="always")  # fmt: skip
+    assert [r for r in cut_from_failure if r[1] == "lost"] == [r for r in failed if r[1] == "lost"]
+    assert {r[2] for r in _planned([_answer("lost", 0.0)], critic__source_reference="always")} == {None}
+
+
 def test_reference_min_logprob_shows_the_most_likely_success_and_bills_the_actors_read(run_dir):
     """Each chosen problem's successes are weighed under the current actor: the most likely is the
     reference, those below the floor are never one, and the tokens read are billed as prefill."""
