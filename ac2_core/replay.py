@@ -98,8 +98,7 @@ def choose_reference(
         ok = [t for t in ok if t["trajectory_id"] not in lucky]
         key = lambda t: (-likelihood[t["trajectory_id"]], *_newest_first(t))  # noqa: E731
     others = [t for t in ok if t["trajectory_id"] != exclude]
-    source = [t for t in ok if t["trajectory_id"] == exclude]
-    if or_excluded == "always" and source:
+    if or_excluded == "always" and any(t["trajectory_id"] == exclude for t in ok):
         return exclude
     pick = others or (ok if or_excluded else [])
     return min(pick, key=key)["trajectory_id"] if pick else None

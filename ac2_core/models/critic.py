@@ -14,10 +14,10 @@ A critic that *matches the reference* (``critic.reference_match``) also reads, a
 the partial answer, how far the answer's latest tokens run on along the reference: the length
 of the longest run ending there that the reference also holds, and how many of the written
 tokens so far ended a run shorter than ``MATCH_NGRAM`` (they left the reference), and with
-``left_flag`` whether any has. It is the copy
-circuit (an induction head) a pretrained LLM brings to a reference and a tiny backbone does not
-learn from scalar outcomes (research log section 16); the value head decides what leaving the
-reference is worth, since a correct answer may take another route than its reference.
+``left_flag`` whether any has. It is the copy circuit (an induction head) a pretrained LLM
+brings to a reference and a tiny backbone does not learn from scalar outcomes (research log
+section 16); the value head decides what leaving the reference is worth, since a correct
+answer may take another route than its reference.
 
 On disk a critic is an HF-style directory::
 
@@ -358,7 +358,8 @@ class Critic(nn.Module):
             raise ValueError(
                 f"critic directory {path}: value head of shape {tuple(state['weight'].shape)} "
                 f"(critic.json hidden_size {meta['hidden_size']}, surprise {bool(surprise)}, reference_match"
-                f" {bool(match)}) does not fit a backbone of hidden size {hidden}: expected (1, {width})"
+                f" {bool(match)}, left_flag {left_flag}) does not fit a backbone of hidden size {hidden}: expected"
+                f" (1, {width})"
             )
         computed = (match_width(match=True, left_flag=left_flag), MATCH_NGRAM, MATCH_GAIN)
         if match and (match.get("features"), match.get("ngram"), match.get("gain")) != computed:
