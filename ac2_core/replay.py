@@ -97,9 +97,9 @@ def choose_reference(
         lucky = lucky_successes(likelihood, min_logprob)
         ok = [t for t in ok if t["trajectory_id"] not in lucky]
         key = lambda t: (-likelihood[t["trajectory_id"]], *_newest_first(t))  # noqa: E731
-    others = [t for t in ok if t["trajectory_id"] != exclude]
     if or_excluded == "always" and any(t["trajectory_id"] == exclude for t in ok):
         return exclude
+    others = [t for t in ok if t["trajectory_id"] != exclude]
     pick = others or (ok if or_excluded else [])
     return min(pick, key=key)["trajectory_id"] if pick else None
 

@@ -342,12 +342,12 @@ def make_critic(cfg, actor, tok, answers: list[Answer], cond: Condition, seed: i
 
     if cond.backbone == "bootstrap":  # the library's own critic, as the bootstrap made it (it reads when the config says)
         from ac2_core.models.store import ModelStore
+        from ac2_core.models.tokenizer import special_ids
 
         critic = ModelStore(cfg).load(bootstrap_critic, kind="critic").model
         if cond.reference_match:  # as a run's first fit gives it (update_critic)
-            critic = critic.with_reference_match(
-                tok.convert_tokens_to_ids("<|ref|>"), tok.convert_tokens_to_ids("<|state|>"), left_flag=cond.left_flag
-            )
+            ids = special_ids(tok)
+            critic = critic.with_reference_match(ids["ref"], ids["state"], left_flag=cond.left_flag)
         return critic.train().to(device=next(actor.parameters()).device, dtype=torch.float32)
     backbone_src = actor
     if cond.read_steps:

@@ -215,12 +215,17 @@ def test_critic_input_too_long_raises_with_lengths():
         build_critic_input([10, 11], [20, 21, 22], [30], ref_id=2, state_id=3, max_tokens=6)
 
 
-def _surprise_critic(model, tokenizer):
-    critic = Critic.from_actor(model, seed=0, state_id=special_ids(tokenizer)["state"])
-    with torch.no_grad():  # a non-zero head on the hidden state and on the surprise features
+def _spread_head(critic: Critic, *, bias: float = 0.0) -> Critic:
+    """``critic`` with a non-zero value head: weights spread over [-1/8, 1/8] on every input it reads."""
+    with torch.no_grad():
         critic.value_head.weight.copy_(torch.linspace(-1, 1, critic.value_head.in_features)[None] / 8)
-        critic.value_head.bias.fill_(0.1)
+        critic.value_head.bias.fill_(bias)
     return critic
+
+
+def _surprise_critic(model, tokenizer):
+    # a non-zero head on the hidden state and on the surprise features
+    return _spread_head(Critic.from_actor(model, seed=0, state_id=special_ids(tokenizer)["state"]), bias=0.1)
 
 
 def _surprise_input(tokenizer, answer: str) -> list[int]:
@@ -337,10 +342,7 @@ def test_reference_match_is_zero_without_a_reference_and_ignores_padding():
 
 def _match_critic(model, tokenizer, *, surprise: bool):
     ids = special_ids(tokenizer)
-    critic = Critic.from_actor(model, seed=0, state_id=ids["state"], ref_id=ids["ref"], surprise=surprise)
-    with torch.no_grad():
-        critic.value_head.weight.copy_(torch.linspace(-1, 1, critic.value_head.in_features)[None] / 8)
-    return critic
+    return _spread_head(Critic.from_actor(model, seed=0, state_id=ids["state"], ref_id=ids["ref"], surprise=surprise))
 
 
 @pytest.mark.parametrize("surprise", [False, True])
@@ -373,22 +375,19 @@ def test_match_critic_reads_its_features_survives_save_load_and_learns_their_wei
 
 def test_a_match_critic_with_the_left_flag_keeps_it_through_save_and_load(model, tokenizer, tmp_path):
     ids = special_ids(tokenizer)
-    critic = Critic.from_actor(model, seed=0, state_id=ids["state"]).with_reference_match(
-        ids["ref"], ids["state"], left_flag=True
-    )
-    with torch.no_grad():
-        critic.value_head.weight.copy_(torch.linspace(-1, 1, critic.value_head.in_features)[None] / 8)
+    unfitted = Critic.from_actor(model, seed=0, state_id=ids["state"])  # as the bootstrap makes it
+    critic = _spread_head(unfitted.with_reference_match(ids["ref"], ids["state"], left_flag=True))
     x = torch.tensor([_surprise_input(tokenizer, "1+2=4;#4")])
     critic.save(tmp_path / "critic", tokenizer)
     loaded, _ = Critic.load(tmp_path / "critic")
     assert (loaded.match, loaded.left_flag, loaded.surprise) == (True, True, True)
     with torch.no_grad():
         assert torch.equal(loaded(x, torch.ones_like(x), every_position=True), critic(x, torch.ones_like(x), every_position=True))
-    # a critic.json whose feature count disagrees with its flag is refused, naming both
+    # a critic.json whose flag disagrees with its head's width is refused, naming the flag
     meta = json.loads((tmp_path / "critic" / "critic.json").read_text())
     del meta["reference_match"]["left_flag"]
     (tmp_path / "critic" / "critic.json").write_text(json.dumps(meta))
-    with pytest.raises(ValueError, match="does not fit"):
+    with pytest.raises(ValueError, match=r"left_flag False\) does not fit"):
         Critic.load(tmp_path / "critic")
 
 
