@@ -25,6 +25,11 @@ plot are rebuilt from every record under --out, each run to the invocation's
 ``run.iterations`` (a run taken further by a later invocation is cut there). Text below
 the analysis marker of the results file is kept when the tables are rewritten. Not a
 test: wall times depend on the machine's load; FLOPs and scores do not.
+
+Every report archives the runs it reads (their records, and their diagnostics to the
+iteration reported) under --archive, in a folder named as --out's: bench/runs is not
+committed, so a fresh clone rebuilds a report from the archive, and a rerun is checked
+against it (a run on the same inputs reproduces its scores and token counts exactly).
 """
 
 from __future__ import annotations
@@ -47,6 +52,9 @@ sys.path.insert(0, str(ROOT))
 
 TOY = ROOT / "pipelines" / "configs" / "toy.yaml"
 RESULTS = ROOT / "bench" / "results" / "rl_efficiency.md"
+# every reported run's records and diagnostics, kept beside the results (bench/runs is not committed):
+# a fresh clone rebuilds a report from them, and a rerun on the same inputs is checked against them
+ARCHIVE = ROOT / "bench" / "results" / "runs"
 MARKER = "<!-- analysis: text below this line is kept when the tables are rewritten -->"
 
 # What each variant changes; everything else comes from the config and --set.
@@ -474,6 +482,62 @@ def load_runs(out: Path) -> dict[tuple[str, int], list[dict]]:
         if recs:
             runs[(recs[0]["variant"], recs[0]["seed"])] = sorted(recs, key=lambda r: r["iteration"])
     return runs
+
+
+def archive_path(archive: Path, variant: str, seed: int) -> Path:
+    return archive / f"seed{seed}" / f"{variant}.json"
+
+
+def load_archive(archive: Path) -> dict[tuple[str, int], dict]:
+    """The archived runs under ``archive`` (one results folder's): {"records": [...],
+    "diagnostics": {"<iteration>": {...}}} per (variant, seed)."""
+    runs = {}
+    for path in sorted(archive.glob("seed*/*.json")):
+        try:
+            entry = json.loads(path.read_text())
+            key = (entry["records"][0]["variant"], entry["records"][0]["seed"])
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            raise SystemExit(f"{path}: not an archived run ({type(e).__name__}: {e}); remove it or restore it from git") from None
+        runs[key] = entry
+    return runs
+
+
+RECORD_CHECKS = ("val_score", "cum_decode_tokens")  # what a rerun on the same inputs reproduces exactly
+
+
+def merge_runs(local: dict, archived: dict) -> dict[tuple[str, int], list[dict]]:
+    """A run's records from its folder, or from the archive where the folder holds fewer
+    iterations (a fresh clone, or a rerun still under way). A folder whose records disagree
+    with the archive's on the iterations both hold is another run (another code version):
+    it is kept, and the difference is reported."""
+    runs = dict(local)
+    for key, entry in archived.items():
+        mine = runs.get(key, [])
+        differ = next(
+            (a["iteration"] for a, b in zip(mine, entry["records"]) if any(a.get(f) != b.get(f) for f in RECORD_CHECKS)),
+            None,
+        )
+        if differ is not None:
+            print(f"{key[0]} seed {key[1]}: its records differ from the archive's from iteration {differ}; the run's are kept")
+        elif len(entry["records"]) > len(mine):
+            runs[key] = entry["records"]
+    return runs
+
+
+def save_archive(archive: Path, runs: dict, diag: dict, upto: dict) -> None:
+    """Archive every run's whole records and, keyed by the iteration it was read to, its
+    diagnostics; the diagnostics of other horizons already there are kept. Each file is
+    written whole or not at all."""
+    old = load_archive(archive)
+    for (v, seed), recs in runs.items():
+        diagnostics = dict(old.get((v, seed), {}).get("diagnostics", {}))
+        if (v, seed) in diag and diag[v, seed]:
+            diagnostics[str(upto[v, seed])] = diag[v, seed]
+        path = archive_path(archive, v, seed)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"records": recs, "diagnostics": diagnostics}, sort_keys=True) + "\n")
+        tmp.replace(path)
 
 
 def curve(recs: list[dict], window: int) -> list[dict]:
@@ -961,7 +1025,26 @@ def budget_note(runs: dict, args: argparse.Namespace) -> list[str]:
     ]
 
 
-def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
+def run_diagnostics(runs: dict, args: argparse.Namespace, archived: dict) -> dict:
+    """Per run, the diagnostics of its stage artifacts to the iteration its records reach; a
+    run whose artifacts are gone (a fresh clone) takes the archived ones of that horizon, or none."""
+    from ac2_core.runner.layout import RunLayout
+
+    cfgs = configs_for(args, 0, sorted({v for v, _ in runs}))  # a seed changes no size and no task
+    diag = {}
+    for v, seed in runs:
+        run_dir, upto = Path(args.out) / f"seed{seed}" / v, runs[v, seed][-1]["iteration"]
+        if RunLayout(str(run_dir)).completed_iterations() < upto:
+            diag[v, seed] = archived.get((v, seed), {}).get("diagnostics", {}).get(str(upto), {})
+            continue
+        diag[v, seed] = diagnose(run_dir, upto)
+        diag[v, seed].update(credit_aim(run_dir, cfgs[v].rollout.chunk_tokens, upto=upto))
+        diag[v, seed].update(fork_choices(run_dir, cfgs[v].warm_start.misconception_digits, upto=upto))
+        diag[v, seed].update(oracle_agreement(run_dir, cfgs[v].advantage, upto=upto))
+    return diag
+
+
+def render(runs: dict, args: argparse.Namespace, elapsed: float | None, diag: dict) -> str:
     peaks, ratios = headline(runs, args.smooth, args.reference)
     milestones = milestone_ratios(runs, args.smooth, args.reference)
     standard_errors = [
@@ -1091,15 +1174,6 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None) -> str:
         " | mean abs A full / chunk | critic AUC (pooled) | critic AUC within iterations | critic V gap (success − failure) |",
         "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
-    cfgs = configs_for(args, seeds[0], variants)  # a seed changes no size and no task
-    diag = {}
-    for v, seed in runs:
-        # the diagnostics read the iterations the records report (write_results cuts them at run.iterations)
-        run_dir, upto = Path(args.out) / f"seed{seed}" / v, runs[v, seed][-1]["iteration"]
-        diag[v, seed] = diagnose(run_dir, upto)
-        diag[v, seed].update(credit_aim(run_dir, cfgs[v].rollout.chunk_tokens, upto=upto))
-        diag[v, seed].update(fork_choices(run_dir, cfgs[v].warm_start.misconception_digits, upto=upto))
-        diag[v, seed].update(oracle_agreement(run_dir, cfgs[v].advantage, upto=upto))
     grpo_tokens = {s: runs[v, s][-1]["cum_decode_tokens"] / runs[v, s][-1]["iteration"] for v, s in runs if v == args.reference}
 
     def med(v: str, field: str, spec: str) -> str:
@@ -1243,7 +1317,10 @@ def plot(runs: dict, window: int, path: Path) -> None:
 
 
 def write_results(args: argparse.Namespace, elapsed: float | None) -> None:
-    runs = load_runs(Path(args.out))
+    archive = Path(args.archive) / Path(args.out).name
+    archived = load_archive(archive)
+    whole = merge_runs(load_runs(Path(args.out)), archived)
+    runs = whole
     if unknown := sorted({v for v, _ in runs} - VARIANTS.keys()):
         # runs of another invocation (or version) of this script in the same folder: the tables and
         # the plot are keyed by VARIANTS, so they are left out of both, by name
@@ -1252,7 +1329,7 @@ def write_results(args: argparse.Namespace, elapsed: float | None) -> None:
     if args.only:
         runs = {k: v for k, v in runs.items() if k[0] in args.variants and k[1] in args.seeds}
     if not runs:
-        raise SystemExit(f"no records under {args.out}: run the benchmark first")
+        raise SystemExit(f"no records under {args.out} or {archive}: run the benchmark first")
     # a run taken further by a later invocation is reported to this invocation's run.iterations
     upto = {v: cfg.run.iterations for v, cfg in configs_for(args, 0, sorted({v for v, _ in runs})).items()}
     if args.reference_iterations and args.reference in upto:  # GRPO's budget, shorter than the others' horizon
@@ -1264,13 +1341,15 @@ def write_results(args: argparse.Namespace, elapsed: float | None) -> None:
     results = Path(args.results)
     if results.exists() and MARKER in results.read_text():
         kept = results.read_text().split(MARKER, 1)[1]
-    text = render(runs, args, elapsed) + "\n" + MARKER + (kept or "\n")
+    diag = run_diagnostics(runs, args, archived)
+    text = render(runs, args, elapsed, diag) + "\n" + MARKER + (kept or "\n")
     plot(runs, args.smooth, results.with_suffix(".png"))
     tmp = results.with_suffix(".tmp")
     tmp.write_text(text)
     tmp.replace(results)
     print(text.split(MARKER)[0])
-    print(f"wrote {results} and {results.with_suffix('.png')}")
+    save_archive(archive, {k: whole[k] for k in runs}, diag, {k: recs[-1]["iteration"] for k, recs in runs.items()})
+    print(f"wrote {results} and {results.with_suffix('.png')}; the runs' records are archived under {archive}")
 
 
 # ---------------------------------------------------------------- main
@@ -1301,6 +1380,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--results", default=str(RESULTS))
     p.add_argument("--report-only", action="store_true")
     p.add_argument(
+        "--archive", default=str(ARCHIVE),
+        help="where reported runs are archived, in a folder named as --out's; a report reads a run whose folder is gone"
+        " from there",
+    )  # fmt: skip
+    p.add_argument(
         "--reference",
         default="grpo",
         choices=[v for v, keys in VARIANTS.items() if keys.get("algorithm") == "grpo"],
@@ -1329,10 +1413,11 @@ def main(argv: list[str] | None = None) -> None:
         not args.report_only
         and args.reference not in args.variants
         and not (Path(args.out) / f"seed{args.seeds[0]}" / args.reference).is_dir()
+        and not archive_path(Path(args.archive) / Path(args.out).name, args.reference, args.seeds[0]).exists()
     ):
         # the report measures every run against the reference: found missing only after the runs, it would cost the report
         raise SystemExit(
-            f"--reference {args.reference}: neither among --variants nor run under {args.out}; run it beside the"
+            f"--reference {args.reference}: neither among --variants nor run under {args.out} (or archived); run it beside the"
             " variants, or name the GRPO variant that is (e.g. --reference grpo_s2)"
         )
     probe = configs_for(args, args.seeds[0])[args.variants[0]]

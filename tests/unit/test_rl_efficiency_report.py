@@ -3,6 +3,8 @@ GRPO's peak, the decode FLOPs ratio where a run first reaches it, the bound a ru
 does gets, the ratios at GRPO's earlier scores, and the bootstrap interval of the median."""
 
 import importlib.util
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -111,3 +113,58 @@ def test_a_reference_budget_says_what_share_of_grpos_decoding_the_longest_other_
     assert bench.budget_note(runs, Namespace(reference="grpo", reference_iterations=None)) == []
     note = " ".join(bench.budget_note(runs, Namespace(reference="grpo", reference_iterations=2)))
     assert "cut at iteration 2" in note and "at most 0.50 of GRPO's budget" in note  # 400 tokens against 800
+
+
+def full_run(variant: str, seed: int, vals: dict[int, float], flops_per_iteration: float, iterations: int) -> list[dict]:
+    """``run``'s records with every field the report reads, as the bench writes them."""
+    recs = run(vals, flops_per_iteration, iterations, tokens_per_iteration=int(flops_per_iteration))
+    for r in recs:
+        r.update(
+            variant=variant, seed=seed, readiness_share=0.0, chunk_groups=0, full_groups=4, critic_error=None,
+            cum_critic_flops=0.0, cum_train_flops=0.0, decode_tokens=int(flops_per_iteration), critic_auc=None,
+            full_rollout_tokens=None, stage_s={},
+        )  # fmt: skip
+    return recs
+
+
+def write_run(out: Path, recs: list[dict]) -> None:
+    path = out / f"seed{recs[0]['seed']}" / recs[0]["variant"] / "records.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def test_a_report_archives_its_runs_and_a_fresh_clone_rebuilds_it_from_the_archive(tmp_path, monkeypatch):
+    out, archive, results = tmp_path / "runs" / "rl", tmp_path / "archive", tmp_path / "rl.md"
+    write_run(out, full_run("grpo", 0, {0: 0.2, 2: 0.3, 4: 0.6}, flops_per_iteration=4.0, iterations=4))
+    write_run(out, full_run("ac2", 0, {0: 0.2, 2: 0.6, 4: 0.7}, flops_per_iteration=1.0, iterations=4))
+    argv = ["--report-only", "--variants", "grpo", "ac2", "--seeds", "0", "--set", "run.iterations=4", "--smooth", "1"]
+    argv += ["--out", str(out), "--archive", str(archive), "--results", str(results)]
+    monkeypatch.setattr(bench, "plot", lambda *a, **k: None)  # matplotlib is beside the point
+
+    bench.main(argv)
+    first = results.read_text()
+    assert "s0: 8.00 @ 2" in first  # GRPO's 0.6 cost it 16 FLOPs; AC2 reached it at iteration 2 for 2
+    entry = json.loads((archive / "rl" / "seed0" / "ac2.json").read_text())
+    assert [r["val_score"] for r in entry["records"]] == [0.2, None, 0.6, None, 0.7]
+
+    shutil.rmtree(out)  # a fresh clone: bench/runs is not committed
+    bench.main(argv)
+    rebuilt = results.read_text()
+    strip = lambda text: [line for line in text.splitlines() if "load average" not in line]  # noqa: E731
+    assert strip(rebuilt) == strip(first)
+
+
+def test_a_run_that_disagrees_with_its_archive_is_kept_and_reported(capsys):
+    archived = {("ac2", 0): {"records": full_run("ac2", 0, {2: 0.6, 4: 0.7}, 1.0, 4), "diagnostics": {}}}
+    shorter = full_run("ac2", 0, {2: 0.6}, 1.0, 2)
+    assert bench.merge_runs({("ac2", 0): shorter}, archived)["ac2", 0] == archived["ac2", 0]["records"]  # a rerun under way
+    other = full_run("ac2", 0, {2: 0.5}, 1.0, 2)
+    assert bench.merge_runs({("ac2", 0): other}, archived)["ac2", 0] == other
+    assert "differ from the archive's from iteration 2" in capsys.readouterr().out
+
+
+def test_a_damaged_archive_is_named(tmp_path):
+    (tmp_path / "seed0").mkdir()
+    (tmp_path / "seed0" / "ac2.json").write_text('{"records": [')
+    with pytest.raises(SystemExit, match="ac2.json: not an archived run"):
+        bench.load_archive(tmp_path)
