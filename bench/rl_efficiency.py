@@ -314,6 +314,13 @@ VARIANTS: dict[str, dict] = {
     # ... and 80% of the learned arm's inverted chunk groups were shown another success that is lucky (two cancelling
     # errors): every chunk prefix shown its own source, which agrees with it up to the cut
     "ac2_floor_age8_one_srconly_srcalways_match_s2": {**LEARNED_SRCONLY, "critic.source_reference": "always"},
+    # (research log section 26) four changes raised the learned chunk signal's agreement with the oracle's without
+    # moving the pace: where does the oracle's lead sit? The learned arm with the oracle's values on one class of chunk
+    # group at a time, and on every group from iteration 20 on (DIAGNOSTICS: the learned critic still scores and trains)
+    "ac2_floor_age8_one_srconly_srcref_match_oracle_off_s2": {**LEARNED_SRCONLY, "critic.oracle_groups": ["off_prefix"]},
+    "ac2_floor_age8_one_srconly_srcref_match_oracle_mixed_s2": {**LEARNED_SRCONLY, "critic.oracle_groups": ["mixed"]},
+    "ac2_floor_age8_one_srconly_srcref_match_oracle_agreeing_s2": {**LEARNED_SRCONLY, "critic.oracle_groups": ["agreeing"]},
+    "ac2_floor_age8_one_srconly_srcref_match_oracle_from20_s2": {**LEARNED_SRCONLY, "critic.oracle_from_iteration": 20},
     # GRPO's search on the forking toy, around its best setting of the old toy (two steps at lr 3e-5)
     "grpo_skip_s2": {"algorithm": "grpo", "rollout.skip_solved_groups": 2, **S2},
     "grpo_s2_lr5": {"algorithm": "grpo", **S2, "actor.lr": 5e-5},

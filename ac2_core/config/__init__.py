@@ -397,7 +397,10 @@ class ActorConfig(Section):
 
 class CriticConfig(Section):
     # left out of the dump at their defaults (Section)
-    added_later = ("reference_match", "reference_left_flag", "source_reference", "replay_iterations")
+    added_later = (
+        "reference_match", "reference_left_flag", "source_reference", "replay_iterations", "oracle_groups",
+        "oracle_from_iteration",
+    )  # fmt: skip
 
     kind: Literal["learned", "oracle", "blind"] = Field(
         "learned",
@@ -405,6 +408,20 @@ class CriticConfig(Section):
         " leaves the canonical solution, else the current policy's success rate from that depth), never for comparisons;"
         " blind: a DIAGNOSTIC that sees nothing of the state (V = this iteration's success rate of whole answers for"
         " every state), the other end of what a critic adds",
+    )
+    oracle_groups: list[Literal["off_prefix", "mixed", "agreeing"]] = Field(
+        [],
+        description="a DIAGNOSTIC hybrid for task arith, never for comparisons: the learned critic scores every state"
+        " (and is trained, and gates, as usual), but the chunk groups of these classes take the oracle's values."
+        " off_prefix: the prefix has already left the worked solution; mixed: the prefix is on it and the"
+        " continuations differ in staying on it (a finished one by its reward); agreeing: the prefix is on it and"
+        " every continuation stays on, or every one leaves. The three classes hold every chunk group",
+    )
+    oracle_from_iteration: int | None = Field(
+        None,
+        ge=1,
+        description="a DIAGNOSTIC hybrid for task arith: from this iteration on, every chunk group takes the oracle's"
+        " values while the learned critic goes on scoring and training; null: never",
     )
     lr: float = Field(3e-4, gt=0, description="AdamW learning rate of the critic")
     lr_warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear lr warm-up")
@@ -669,9 +686,23 @@ class AC2Config(Section):
 
     @model_validator(mode="after")
     def _oracle_only_for_arith(self) -> AC2Config:
-        if self.critic.kind == "oracle" and self.task.name != "arith":
+        hybrid = [
+            key
+            for key, on in (
+                ("critic.oracle_groups", self.critic.oracle_groups),
+                ("critic.oracle_from_iteration", self.critic.oracle_from_iteration is not None),
+            )
+            if on
+        ]
+        if (self.critic.kind == "oracle" or hybrid) and self.task.name != "arith":
+            what = "critic.kind oracle" if self.critic.kind == "oracle" else hybrid[0]
             raise ValueError(
-                f"critic.kind oracle reads the canonical worked solution, which only task arith has (found task {self.task.name})"
+                f"{what} reads the canonical worked solution, which only task arith has (found task {self.task.name})"
+            )
+        if hybrid and self.critic.kind != "learned":
+            raise ValueError(
+                f"{hybrid[0]} gives some chunk groups the oracle's values in place of the learned critic's; critic.kind"
+                f" {self.critic.kind} has no learned values to replace (set critic.kind learned, or leave {hybrid[0]} out)"
             )
         return self
 

@@ -15,7 +15,8 @@ the algorithm's structure allows from what a learned critic delivers (``critic.k
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Literal
 
 from ac2_core.tasks.arith import agrees
 
@@ -61,3 +62,16 @@ def oracle_value(solution: str, state: str, depths: list[int], rates: list[float
         return 0.5  # nothing measured yet: an honest "don't know"
     k = bisect.bisect_right(depths, len(state)) - 1
     return rates[max(k, 0)]
+
+
+def chunk_group_class(solution: str, prefix: str, stays_on: Sequence[bool]) -> Literal["off_prefix", "mixed", "agreeing"]:
+    """Which class of chunk group the oracle sees, from its ``prefix`` text and whether each
+    continuation ``stays_on`` the ``solution`` (an unfinished one while it agrees with it, a
+    finished one by its outcome).
+
+    off_prefix: the prefix has already left the solution; mixed: it has not, and the
+    continuations differ in staying on; agreeing: they all stay on, or all leave.
+    """
+    if not agrees(solution, prefix):
+        return "off_prefix"
+    return "mixed" if len(set(stays_on)) > 1 else "agreeing"

@@ -111,6 +111,7 @@ def run(
         if one_by_one:
             inputs = [builder.build(r.problem_id, r.ref, r.state) for r in one_by_one]
             _apply_critic(cfg, ckpt, critic, one_by_one, inputs, scored, pairs)
+        _apply_oracle_on_groups(cfg, iteration, probs, tok, prefix_by_id, requests, scored, pairs)
     elif requests and cfg.critic.kind == "oracle":
         _apply_oracle(probs, tok, requests, scored, pairs)
     elif requests:
@@ -210,6 +211,44 @@ def _apply_oracle(probs: Problems, tok, requests: list[CriticRequest], scored: l
         if key not in texts:
             texts[key] = tok.decode(r.state, skip_special_tokens=True)
         _put(r, oracle_value(probs[r.problem_id]["solution"], texts[key], depths, rates), scored, pairs)
+
+
+def _apply_oracle_on_groups(
+    cfg: AC2Config, iteration: int, probs: Problems, tok, prefix_by_id: dict, requests: list[CriticRequest], scored, pairs
+) -> None:
+    """The diagnostic hybrids (``critic.oracle_groups``, ``critic.oracle_from_iteration``): the
+    chunk groups they name take the oracle's values at their states in place of the learned
+    critic's. The learned predictions on whole answers' cuts (``critic_pairs``) stay, so the
+    critic trains, gates and is measured as it would without the hybrid."""
+    from ac2_core.stages.oracle_critic import chunk_group_class, oracle_value, whole_answer_rates
+    from ac2_core.tasks.arith import agrees
+
+    every = cfg.critic.oracle_from_iteration is not None and iteration >= cfg.critic.oracle_from_iteration
+    if not (every or cfg.critic.oracle_groups):
+        return
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+    groups: dict[str, list[int]] = {}
+    for i, s in enumerate(scored):
+        if s["mode"] == "chunk":
+            groups.setdefault(s["prefix_id"], []).append(i)
+    chosen = set()
+    for rows in groups.values():
+        solution = probs[scored[rows[0]]["problem_id"]]["solution"]
+        stays_on = [
+            (s["reward"] or 0.0) >= cfg.replay.success_threshold
+            if s["finished"]
+            else agrees(solution, decode(s["response_token_ids"]))
+            for s in (scored[i] for i in rows)
+        ]
+        prefix = decode(prefix_by_id[scored[rows[0]]["prefix_id"]]["prefix_token_ids"])
+        if every or chunk_group_class(solution, prefix, stays_on) in cfg.critic.oracle_groups:
+            chosen.update(rows)
+    if not chosen:
+        return
+    depths, rates = whole_answer_rates(scored, lambda pid: probs[pid]["solution"], decode)
+    for r in requests:
+        if r.row in chosen and r.field != "prediction":
+            _put(r, oracle_value(probs[r.problem_id]["solution"], decode(r.state), depths, rates), scored, pairs)
 
 
 def _apply_blind(requests: list[CriticRequest], scored: list[dict], pairs: list[dict]) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from ac2_core import storage
@@ -9,7 +11,7 @@ from ac2_core.models.store import ModelStore
 from ac2_core.runner import inprocess
 from ac2_core.runner.layout import RunLayout
 from ac2_core.stages.common import Problems
-from ac2_core.stages.oracle_critic import whole_answer_rates
+from ac2_core.stages.oracle_critic import chunk_group_class, whole_answer_rates
 from ac2_core.tasks.arith import agrees
 from tests.conftest import tiny_config
 
@@ -68,3 +70,43 @@ def test_blind_critic_gives_every_state_the_oracles_rate_from_the_start_and_is_n
     assert unfinished and all(s["target"] == 0.5 for s in unfinished)
     assert all(s["critic_flops"] == 0.0 for s in first + scored)
     _assert_critic_untrained(layout, store)
+
+
+def test_an_oracle_hybrid_replaces_the_learned_values_of_the_groups_it_names_and_no_others(tmp_path, _bootstrap_dir):
+    runs = {}
+    for name, overrides in {"learned": {}, "hybrid": {"critic__oracle_groups": ["mixed", "agreeing"]}}.items():
+        shutil.copytree(_bootstrap_dir, tmp_path / name / "bootstrap")
+        cfg = tiny_config(**overrides)
+        layout, store = RunLayout(str(tmp_path / name)), ModelStore(cfg)
+        for it in (1, 2):
+            inprocess.run_iteration(cfg, layout, it, store)
+        runs[name] = (layout, store)
+    layout, store = runs["hybrid"]
+    probs = Problems.load(layout.bootstrap("problems"))
+    tok = store.tokenizer(layout.bootstrap("actor"), kind="actor")
+    text = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+    read = lambda name, file: storage.read_rows(runs[name][0].output(2, file), kind=file)  # noqa: E731
+    learned, hybrid = read("learned", "scored_chunks"), read("hybrid", "scored_chunks")
+    prefixes = {p["prefix_id"]: text(p["prefix_token_ids"]) for p in read("hybrid", "prefixes")}
+    assert [s["chunk_id"] for s in learned] == [s["chunk_id"] for s in hybrid]  # the same decoding: only values differ
+    groups: dict[str, list[tuple[dict, dict]]] = {}
+    for a, b in zip(learned, hybrid):
+        groups.setdefault(b["prefix_id"], []).append((a, b))
+    seen = set()
+    for prefix_id, rows in groups.items():
+        solution = probs[rows[0][1]["problem_id"]]["solution"]
+        stays_on = [b["reward"] == 1.0 if b["finished"] else agrees(solution, text(b["response_token_ids"])) for _, b in rows]
+        kind = chunk_group_class(solution, prefixes[prefix_id], stays_on)
+        seen.add(kind)
+        for a, b in rows:
+            if b["finished"]:
+                assert b["target"] == a["target"] == a["reward"]
+            elif kind == "off_prefix":  # not named: the learned critic's value
+                assert b["target"] == a["target"]
+            else:  # the oracle's: 0 off the solution, a depth rate in (0, 1) on it
+                on = agrees(solution, text(b["response_token_ids"]))
+                assert (b["target"] > 0.0) == on and b["target"] < 1.0
+                assert on or b["target"] != a["target"]  # the learned critic never says exactly 0
+    assert {"off_prefix", "agreeing"} <= seen  # (the tiny model's second iteration writes no mixed group)
+    # the critic's predictions on whole answers are the learned critic's, hybrid or not
+    assert [p["prediction"] for p in read("learned", "critic_pairs")] == [p["prediction"] for p in read("hybrid", "critic_pairs")]

@@ -3,7 +3,7 @@
 import pytest
 
 from ac2_core.config import ConfigError
-from ac2_core.stages.oracle_critic import depth_rates, oracle_value
+from ac2_core.stages.oracle_critic import chunk_group_class, depth_rates, oracle_value
 from tests.conftest import tiny_config
 
 SOLUTION = "1+2=3;3+4=7;#7"
@@ -37,3 +37,21 @@ def test_the_oracle_is_only_for_arith():
     assert tiny_config(critic__kind="oracle").critic.kind == "oracle"
     with pytest.raises(ConfigError, match="critic.kind: .*only task arith has.*found task math"):
         tiny_config(critic__kind="oracle", task__name="math", task__shape="final_answer", task__data="/nonexistent.jsonl")
+
+
+def test_a_chunk_group_is_off_prefix_mixed_or_agreeing_as_the_oracle_sees_it():
+    assert chunk_group_class(SOLUTION, "1+2=4", [True, True]) == "off_prefix"  # whatever follows
+    assert chunk_group_class(SOLUTION, "1+2=3;", [True, False, True]) == "mixed"
+    assert chunk_group_class(SOLUTION, "1+2=3;", [False, False]) == "agreeing"
+    assert chunk_group_class(SOLUTION, "", [True, True, True]) == "agreeing"
+
+
+def test_the_oracle_hybrids_are_for_arith_and_replace_a_learned_critic_only():
+    assert tiny_config(critic__oracle_groups=["mixed"]).critic.oracle_groups == ["mixed"]
+    with pytest.raises(ConfigError, match="critic.oracle_groups reads the canonical worked solution"):
+        math = {"task__name": "math", "task__shape": "final_answer", "task__data": "/nonexistent.jsonl"}
+        tiny_config(critic__oracle_groups=["mixed"], **math)
+    with pytest.raises(ConfigError, match="critic.kind oracle has no learned values to replace"):
+        tiny_config(critic__kind="oracle", critic__oracle_from_iteration=3)
+    with pytest.raises(ConfigError, match="oracle_groups"):
+        tiny_config(critic__oracle_groups=["stale"])
