@@ -1342,6 +1342,10 @@ def write_results(args: argparse.Namespace, elapsed: float | None) -> None:
     if args.reference_iterations and args.reference in upto:  # GRPO's budget, shorter than the others' horizon
         upto[args.reference] = min(upto[args.reference], args.reference_iterations)
     runs = {k: [r for r in recs if r["iteration"] <= upto[k[0]]] for k, recs in runs.items()}
+    if empty := sorted(k for k, recs in runs.items() if len(recs) < 2):
+        # a run stopped before its first iteration was recorded: only the initial policy's score
+        print("not reported, no iteration recorded yet: " + ", ".join(f"{v} seed {seed}" for v, seed in empty), flush=True)
+        runs = {k: recs for k, recs in runs.items() if len(recs) >= 2}
     if not any(v == args.reference for v, _ in runs):
         raise SystemExit(f"--reference {args.reference}: no runs of it under {args.out} (among the reported variants)")
     kept = ""

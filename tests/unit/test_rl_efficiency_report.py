@@ -168,3 +168,16 @@ def test_a_damaged_archive_is_named(tmp_path):
     (tmp_path / "seed0" / "ac2.json").write_text('{"records": [')
     with pytest.raises(SystemExit, match="ac2.json: not an archived run"):
         bench.load_archive(tmp_path)
+
+
+def test_a_run_stopped_before_its_first_iteration_is_left_out_of_the_report(tmp_path, monkeypatch, capsys):
+    out, results = tmp_path / "runs" / "rl", tmp_path / "rl.md"
+    write_run(out, full_run("grpo", 0, {0: 0.2, 2: 0.3, 4: 0.6}, flops_per_iteration=4.0, iterations=4))
+    write_run(out, full_run("ac2", 0, {0: 0.2, 2: 0.6, 4: 0.7}, flops_per_iteration=1.0, iterations=4))
+    write_run(out, full_run("grpo", 1, {0: 0.2}, flops_per_iteration=4.0, iterations=0))  # killed at its start
+    (out / "seed1" / "grpo" / "iter-0001").mkdir()  # with half an iteration's artifacts
+    monkeypatch.setattr(bench, "plot", lambda *a, **k: None)
+    argv = ["--report-only", "--set", "run.iterations=4", "--smooth", "1", "--out", str(out)]
+    bench.main([*argv, "--archive", str(tmp_path / "archive"), "--results", str(results)])
+    assert "no iteration recorded yet: grpo seed 1" in capsys.readouterr().out
+    assert "s0: 8.00 @ 2" in results.read_text() and "s1:" not in results.read_text()
