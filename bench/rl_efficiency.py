@@ -54,7 +54,7 @@ TOY = ROOT / "pipelines" / "configs" / "toy.yaml"
 RESULTS = ROOT / "bench" / "results" / "rl_efficiency.md"
 # every reported run's records and diagnostics, kept beside the results (bench/runs is not committed):
 # a fresh clone rebuilds a report from them, and a rerun on the same inputs is checked against them
-ARCHIVE = ROOT / "bench" / "results" / "runs"
+ARCHIVE = ROOT / "bench" / "results" / "records"
 MARKER = "<!-- analysis: text below this line is kept when the tables are rewritten -->"
 
 # What each variant changes; everything else comes from the config and --set.

@@ -5,6 +5,7 @@ does gets, the ratios at GRPO's earlier scores, and the bootstrap interval of th
 import importlib.util
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -181,3 +182,12 @@ def test_a_run_stopped_before_its_first_iteration_is_left_out_of_the_report(tmp_
     bench.main([*argv, "--archive", str(tmp_path / "archive"), "--results", str(results)])
     assert "no iteration recorded yet: grpo seed 1" in capsys.readouterr().out
     assert "s0: 8.00 @ 2" in results.read_text() and "s1:" not in results.read_text()
+
+
+def test_the_archive_is_committed_not_ignored_as_the_run_folders_are():
+    root = Path(bench.ROOT)
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    probe = bench.archive_path(bench.ARCHIVE / "rl", "grpo", 0).relative_to(root)
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(probe)], cwd=root).returncode == 0
+    assert not ignored, f"{probe} is git-ignored: archived runs would be lost with the machine"
