@@ -314,7 +314,7 @@ VARIANTS: dict[str, dict] = {
     # ... and 80% of the learned arm's inverted chunk groups were shown another success that is lucky (two cancelling
     # errors): every chunk prefix shown its own source, which agrees with it up to the cut
     "ac2_floor_age8_one_srconly_srcalways_match_s2": {**LEARNED_SRCONLY, "critic.source_reference": "always"},
-    # (research log section 26) four changes raised the learned chunk signal's agreement with the oracle's without
+    # (research log section 26) five changes raised the learned chunk signal's agreement with the oracle's without
     # moving the pace: where does the oracle's lead sit? The learned arm with the oracle's values on one class of chunk
     # group at a time, and on every group from iteration 20 on (DIAGNOSTICS: the learned critic still scores and trains)
     "ac2_floor_age8_one_srconly_srcref_match_oracle_off_s2": {**LEARNED_SRCONLY, "critic.oracle_groups": ["off_prefix"]},
@@ -525,7 +525,10 @@ def merge_runs(local: dict, archived: dict) -> dict[tuple[str, int], list[dict]]
             None,
         )
         if differ is not None:
-            print(f"{key[0]} seed {key[1]}: its records differ from the archive's from iteration {differ}; the run's are kept")
+            print(
+                f"{key[0]} seed {key[1]}: its records differ from the archive's from iteration {differ}; the run's are"
+                " reported and replace them in the archive (git holds the old ones)"
+            )
         elif len(entry["records"]) > len(mine):
             runs[key] = entry["records"]
     return runs
