@@ -491,6 +491,11 @@ def load_runs(out: Path) -> dict[tuple[str, int], list[dict]]:
     return runs
 
 
+def archive_dir(args: argparse.Namespace) -> Path:
+    """The archive of the runs under --out: a folder of --archive named as --out's."""
+    return Path(args.archive) / Path(args.out).name
+
+
 def archive_path(archive: Path, variant: str, seed: int) -> Path:
     return archive / f"seed{seed}" / f"{variant}.json"
 
@@ -534,19 +539,18 @@ def merge_runs(local: dict, archived: dict) -> dict[tuple[str, int], list[dict]]
     return runs
 
 
-def save_archive(archive: Path, runs: dict, diag: dict, upto: dict) -> None:
-    """Archive every run's whole records and, keyed by the iteration it was read to, its
-    diagnostics; the diagnostics of other horizons already there are kept. Each file is
-    written whole or not at all."""
-    old = load_archive(archive)
-    for (v, seed), recs in runs.items():
-        diagnostics = dict(old.get((v, seed), {}).get("diagnostics", {}))
-        if (v, seed) in diag and diag[v, seed]:
-            diagnostics[str(upto[v, seed])] = diag[v, seed]
+def save_archive(archive: Path, archived: dict, whole: dict, reported: dict, diag: dict) -> None:
+    """Archive the ``whole`` records of every ``reported`` run and, keyed by the iteration it
+    was reported to, its diagnostics; those of other horizons already ``archived`` are kept.
+    Each file is written whole or not at all."""
+    for (v, seed), recs in reported.items():
+        diagnostics = dict(archived.get((v, seed), {}).get("diagnostics", {}))
+        if diag.get((v, seed)):
+            diagnostics[str(recs[-1]["iteration"])] = diag[v, seed]
         path = archive_path(archive, v, seed)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"records": recs, "diagnostics": diagnostics}, sort_keys=True) + "\n")
+        tmp.write_text(json.dumps({"records": whole[v, seed], "diagnostics": diagnostics}, sort_keys=True) + "\n")
         tmp.replace(path)
 
 
@@ -1327,10 +1331,9 @@ def plot(runs: dict, window: int, path: Path) -> None:
 
 
 def write_results(args: argparse.Namespace, elapsed: float | None) -> None:
-    archive = Path(args.archive) / Path(args.out).name
+    archive = archive_dir(args)
     archived = load_archive(archive)
-    whole = merge_runs(load_runs(Path(args.out)), archived)
-    runs = whole
+    runs = whole = merge_runs(load_runs(Path(args.out)), archived)
     if unknown := sorted({v for v, _ in runs} - VARIANTS.keys()):
         # runs of another invocation (or version) of this script in the same folder: the tables and
         # the plot are keyed by VARIANTS, so they are left out of both, by name
@@ -1362,7 +1365,7 @@ def write_results(args: argparse.Namespace, elapsed: float | None) -> None:
     tmp.write_text(text)
     tmp.replace(results)
     print(text.split(MARKER)[0])
-    save_archive(archive, {k: whole[k] for k in runs}, diag, {k: recs[-1]["iteration"] for k, recs in runs.items()})
+    save_archive(archive, archived, whole, runs, diag)
     print(f"wrote {results} and {results.with_suffix('.png')}; the runs' records are archived under {archive}")
 
 
@@ -1427,7 +1430,7 @@ def main(argv: list[str] | None = None) -> None:
         not args.report_only
         and args.reference not in args.variants
         and not (Path(args.out) / f"seed{args.seeds[0]}" / args.reference).is_dir()
-        and not archive_path(Path(args.archive) / Path(args.out).name, args.reference, args.seeds[0]).exists()
+        and not archive_path(archive_dir(args), args.reference, args.seeds[0]).exists()
     ):
         # the report measures every run against the reference: found missing only after the runs, it would cost the report
         raise SystemExit(

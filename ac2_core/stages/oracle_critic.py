@@ -64,14 +64,20 @@ def oracle_value(solution: str, state: str, depths: list[int], rates: list[float
     return rates[max(k, 0)]
 
 
-def chunk_group_class(solution: str, prefix: str, stays_on: Sequence[bool]) -> Literal["off_prefix", "mixed", "agreeing"]:
-    """Which class of chunk group the oracle sees, from its ``prefix`` text and whether each
-    continuation ``stays_on`` the ``solution`` (an unfinished one while it agrees with it, a
-    finished one by its outcome).
+def chunk_group_class(
+    solution: str, prefix: str, continuations: Sequence[tuple[str, bool, float | None]], success_threshold: float
+) -> Literal["off_prefix", "mixed", "agreeing"]:
+    """Which class of chunk group the oracle sees, from its ``prefix`` text and each
+    continuation's ``(text, finished, reward)``, the text holding the prefix: an unfinished
+    continuation stays on the ``solution`` while it agrees with it, a finished one when its
+    reward reaches ``success_threshold``.
 
     off_prefix: the prefix has already left the solution; mixed: it has not, and the
     continuations differ in staying on; agreeing: they all stay on, or all leave.
     """
     if not agrees(solution, prefix):
         return "off_prefix"
-    return "mixed" if len(set(stays_on)) > 1 else "agreeing"
+    stays_on = {
+        (reward or 0.0) >= success_threshold if finished else agrees(solution, text) for text, finished, reward in continuations
+    }
+    return "mixed" if len(stays_on) > 1 else "agreeing"

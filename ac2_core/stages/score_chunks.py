@@ -220,8 +220,7 @@ def _apply_oracle_on_groups(
     chunk groups they name take the oracle's values at their states in place of the learned
     critic's. The learned predictions on whole answers' cuts (``critic_pairs``) stay, so the
     critic trains, gates and is measured as it would without the hybrid."""
-    from ac2_core.stages.oracle_critic import chunk_group_class, oracle_value, whole_answer_rates
-    from ac2_core.tasks.arith import agrees
+    from ac2_core.stages.oracle_critic import chunk_group_class
 
     every = cfg.critic.oracle_from_iteration is not None and iteration >= cfg.critic.oracle_from_iteration
     if not (every or cfg.critic.oracle_groups):
@@ -232,23 +231,18 @@ def _apply_oracle_on_groups(
         if s["mode"] == "chunk":
             groups.setdefault(s["prefix_id"], []).append(i)
     chosen = set()
-    for rows in groups.values():
-        solution = probs[scored[rows[0]]["problem_id"]]["solution"]
-        stays_on = [
-            (s["reward"] or 0.0) >= cfg.replay.success_threshold
-            if s["finished"]
-            else agrees(solution, decode(s["response_token_ids"]))
-            for s in (scored[i] for i in rows)
-        ]
-        prefix = decode(prefix_by_id[scored[rows[0]]["prefix_id"]]["prefix_token_ids"])
-        if every or chunk_group_class(solution, prefix, stays_on) in cfg.critic.oracle_groups:
+    for prefix_id, rows in groups.items():
+        continuations = [(decode(scored[i]["response_token_ids"]), scored[i]["finished"], scored[i]["reward"]) for i in rows]
+        kind = chunk_group_class(
+            probs[scored[rows[0]]["problem_id"]]["solution"],
+            decode(prefix_by_id[prefix_id]["prefix_token_ids"]),
+            continuations,
+            cfg.replay.success_threshold,
+        )
+        if every or kind in cfg.critic.oracle_groups:
             chosen.update(rows)
-    if not chosen:
-        return
-    depths, rates = whole_answer_rates(scored, lambda pid: probs[pid]["solution"], decode)
-    for r in requests:
-        if r.row in chosen and r.field != "prediction":
-            _put(r, oracle_value(probs[r.problem_id]["solution"], decode(r.state), depths, rates), scored, pairs)
+    if chosen:
+        _apply_oracle(probs, tok, [r for r in requests if r.row in chosen and r.field != "prediction"], scored, pairs)
 
 
 def _apply_blind(requests: list[CriticRequest], scored: list[dict], pairs: list[dict]) -> None:

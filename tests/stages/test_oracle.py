@@ -95,8 +95,8 @@ def test_an_oracle_hybrid_replaces_the_learned_values_of_the_groups_it_names_and
     seen = set()
     for prefix_id, rows in groups.items():
         solution = probs[rows[0][1]["problem_id"]]["solution"]
-        stays_on = [b["reward"] == 1.0 if b["finished"] else agrees(solution, text(b["response_token_ids"])) for _, b in rows]
-        kind = chunk_group_class(solution, prefixes[prefix_id], stays_on)
+        continuations = [(text(b["response_token_ids"]), b["finished"], b["reward"]) for _, b in rows]
+        kind = chunk_group_class(solution, prefixes[prefix_id], continuations, tiny_config().replay.success_threshold)
         seen.add(kind)
         for a, b in rows:
             if b["finished"]:

@@ -40,10 +40,13 @@ def test_the_oracle_is_only_for_arith():
 
 
 def test_a_chunk_group_is_off_prefix_mixed_or_agreeing_as_the_oracle_sees_it():
-    assert chunk_group_class(SOLUTION, "1+2=4", [True, True]) == "off_prefix"  # whatever follows
-    assert chunk_group_class(SOLUTION, "1+2=3;", [True, False, True]) == "mixed"
-    assert chunk_group_class(SOLUTION, "1+2=3;", [False, False]) == "agreeing"
-    assert chunk_group_class(SOLUTION, "", [True, True, True]) == "agreeing"
+    on, off = ("1+2=3;3+", False, None), ("1+2=3;4+", False, None)  # unfinished: judged by the text
+    won, lucky_loss = (SOLUTION, True, 1.0), ("1+2=3;3+4=7;#7", True, 0.0)  # finished: judged by the reward
+    assert chunk_group_class(SOLUTION, "1+2=4", [on, on], 1.0) == "off_prefix"  # whatever follows
+    assert chunk_group_class(SOLUTION, "1+2=3;", [on, off, on], 1.0) == "mixed"
+    assert chunk_group_class(SOLUTION, "1+2=3;", [off, off], 1.0) == "agreeing"
+    assert chunk_group_class(SOLUTION, "", [on, won, on], 1.0) == "agreeing"
+    assert chunk_group_class(SOLUTION, "", [on, lucky_loss], 1.0) == "mixed"  # on the text, but its reward failed
 
 
 def test_the_oracle_hybrids_are_for_arith_and_replace_a_learned_critic_only():
