@@ -7,7 +7,7 @@ prefixes at chunk boundaries of replayed trajectories (docs/design.md section 2,
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -73,8 +73,8 @@ def choose_reference(
     exclude: str | None,
     success_threshold: float,
     or_excluded: bool | Literal["always"] = False,
-    likelihood: Mapping[str, float] | None = None,
-    min_logprob: float | None = None,
+    preference: Mapping[str, float] | None = None,
+    lucky: Collection[str] = (),
 ) -> str | None:
     """The latest successful finished trajectory of one problem other than ``exclude``; with
     ``or_excluded``, ``exclude`` itself when it is the only success, and with ``"always"``,
@@ -86,22 +86,39 @@ def choose_reference(
     its reference up to the cut, so what the critic reads of the match is the continuation's
     alone; another success may have taken a route the prefix did not (research log section 25).
 
-    With ``likelihood`` (each success's summed log-probability under the current actor), the
-    most likely success instead of the latest, and none below ``min_logprob``: a lucky success,
-    one the policy would seldom write again, leads a critic that follows it astray
-    (``critic.reference_min_logprob``; docs/algorithm.md, research log section 22).
+    With ``preference`` (a number for each success, higher first), the most preferred success
+    instead of the latest, the latest among equals. A success in ``lucky`` is never shown: one
+    that left the worked route and came back by a second error leads a critic that follows it
+    astray (docs/algorithm.md, research log sections 21, 22 and 27). ``critic.reference_min_logprob``
+    prefers the likeliest success under the current actor and ``replay.success_repeats`` the one
+    most whole answers wrote; each sets its own lucky ones apart.
     """
-    ok = [t for t in trajectories if succeeded(t, success_threshold)]
+    ok = [t for t in trajectories if succeeded(t, success_threshold) and t["trajectory_id"] not in lucky]
     key = _newest_first
-    if likelihood is not None:
-        lucky = lucky_successes(likelihood, min_logprob)
-        ok = [t for t in ok if t["trajectory_id"] not in lucky]
-        key = lambda t: (-likelihood[t["trajectory_id"]], *_newest_first(t))  # noqa: E731
+    if preference is not None:
+        key = lambda t: (-preference[t["trajectory_id"]], *_newest_first(t))  # noqa: E731
     if or_excluded == "always" and any(t["trajectory_id"] == exclude for t in ok):
         return exclude
     others = [t for t in ok if t["trajectory_id"] != exclude]
     pick = others or (ok if or_excluded else [])
     return min(pick, key=key)["trajectory_id"] if pick else None
+
+
+def success_repeats(trajectories: Iterable[dict], success_threshold: float) -> dict[str, int]:
+    """Each success of one problem's replay: how many of the problem's whole answers (finished
+    full-mode trajectories, itself included where it is one) wrote exactly its tokens.
+
+    Where a task has one canonical answer text (arith's worked solution), the policy writes a
+    success on the route again and again, while one that came back by a second error, cancelling
+    the first, is seldom written twice (``replay.success_repeats``)."""
+    trajectories = list(trajectories)
+    written = Counter(tuple(t["token_ids"]) for t in trajectories if t["source_trajectory_id"] is None and t["finished"])
+    return {t["trajectory_id"]: written[tuple(t["token_ids"])] for t in trajectories if succeeded(t, success_threshold)}
+
+
+def unrepeated_successes(repeats: Mapping[str, int], min_repeats: int) -> set[str]:
+    """The successes in ``repeats`` (``success_repeats``) written fewer than ``min_repeats`` times."""
+    return {tid for tid, n in repeats.items() if n < min_repeats}
 
 
 def lucky_successes(likelihood: Mapping[str, float], min_logprob: float | None) -> set[str]:
@@ -222,7 +239,7 @@ def plan_prefixes(
     can still succeed, so its continuations can differ in outcome, where a state past an
     answer's fatal error teaches nothing (every continuation fails alike). With
     ``only_successes`` too, a problem without one is planned in full mode. A success in
-    ``lucky`` (``lucky_successes``) does not count as one.
+    ``lucky`` (``lucky_successes``, ``unrepeated_successes``) does not count as one.
     """
     full = [PlannedPrefix(problem_id, "full", None, [], max_response_tokens)]
     if not chunk_mode:

@@ -321,6 +321,15 @@ VARIANTS: dict[str, dict] = {
     "ac2_floor_age8_one_srconly_srcref_match_oracle_mixed_s2": {**LEARNED_SRCONLY, "critic.oracle_groups": ["mixed"]},
     "ac2_floor_age8_one_srconly_srcref_match_oracle_agreeing_s2": {**LEARNED_SRCONLY, "critic.oracle_groups": ["agreeing"]},
     "ac2_floor_age8_one_srconly_srcref_match_oracle_from20_s2": {**LEARNED_SRCONLY, "critic.oracle_from_iteration": 20},
+    # (section 27) every inverted mixed group was shown a lucky reference, and an off_prefix group is cut from a lucky
+    # source: the oracle's values on both classes together bound what handling lucky successes right could give
+    "ac2_floor_age8_one_srconly_srcref_match_oracle_offmixed_s2": {
+        **LEARNED_SRCONLY,
+        "critic.oracle_groups": ["off_prefix", "mixed"],
+    },
+    # ... and its learned counterpart: a success is a prefix source or a reference only once two whole answers wrote it,
+    # the one most wrote shown (a lucky success is seldom written twice: 69% of the lucky references, 7% of the others)
+    "ac2_floor_age8_one_srconly_srcref_match_rep2_s2": {**LEARNED_SRCONLY, "replay.success_repeats": 2},
     # GRPO's search on the forking toy, around its best setting of the old toy (two steps at lr 3e-5)
     "grpo_skip_s2": {"algorithm": "grpo", "rollout.skip_solved_groups": 2, **S2},
     "grpo_s2_lr5": {"algorithm": "grpo", **S2, "actor.lr": 5e-5},

@@ -284,7 +284,7 @@ class RolloutConfig(Section):
 
 
 class ReplayConfig(Section):
-    added_later = ("whole_answers_first",)  # left out of the dump at their defaults (Section)
+    added_later = ("whole_answers_first", "success_repeats")  # left out of the dump at their defaults (Section)
     max_trajectories_per_problem: int = Field(16, ge=1, description="bound on the replay kept per problem (newest kept)")
     whole_answers_first: bool = Field(
         False,
@@ -293,6 +293,15 @@ class ReplayConfig(Section):
     )
     success_threshold: float = Field(
         1.0, gt=0, le=1, description="reward at which a finished trajectory can serve as a reference solution"
+    )
+    success_repeats: int = Field(
+        1,
+        ge=1,
+        description="AC2: a success is a chunk-mode prefix source or a reference only once this many of its problem's"
+        " whole answers in replay wrote exactly its tokens, and the reference is the success the most of them wrote"
+        " (the latest among equals). For tasks with one canonical answer text (arith): a success that came back by a"
+        " second error, cancelling the first, is seldom written twice (docs/algorithm.md, research log section 27)."
+        " 1: every success, the latest as reference",
     )
 
 
@@ -703,6 +712,15 @@ class AC2Config(Section):
             raise ValueError(
                 f"{hybrid[0]} gives some chunk groups the oracle's values in place of the learned critic's; critic.kind"
                 f" {self.critic.kind} has no learned values to replace (set critic.kind learned, or leave {hybrid[0]} out)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _one_rule_picks_the_reference(self) -> AC2Config:
+        if self.replay.success_repeats > 1 and self.critic.reference_min_logprob is not None:
+            raise ValueError(
+                "replay.success_repeats and critic.reference_min_logprob each choose which successes to trust and which"
+                " one to show the critic; set one of them (success_repeats 1, or reference_min_logprob null)"
             )
         return self
 

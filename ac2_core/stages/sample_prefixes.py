@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +23,8 @@ from ac2_core.replay import (
     plan_prefixes,
     solved_recently,
     succeeded,
+    success_repeats,
+    unrepeated_successes,
     whole_answer_rate,
 )
 from ac2_core.stages.common import Problems, StageStats, prompt_ids, read, rng_for, write
@@ -252,6 +254,21 @@ def _solved_recently(cfg: AC2Config, by_problem: dict[str, list[dict]]) -> set[s
     }
 
 
+def _trusted(
+    cfg: AC2Config, trajectories: list[dict], likelihood: dict[str, float] | None
+) -> tuple[Mapping[str, float] | None, set[str]]:
+    """One problem's successes as the config weighs them: how much each is preferred as a
+    reference (None: the latest is), and the lucky ones, neither references nor prefix sources.
+    By likelihood under the current actor (``critic.reference_min_logprob``), by how many whole
+    answers wrote each (``replay.success_repeats``), or neither."""
+    if likelihood is not None:
+        return likelihood, lucky_successes(likelihood, cfg.critic.reference_min_logprob)
+    if cfg.replay.success_repeats > 1:
+        repeats = success_repeats(trajectories, cfg.replay.success_threshold)
+        return repeats, unrepeated_successes(repeats, cfg.replay.success_repeats)
+    return None, set()
+
+
 def _plans(
     cfg: AC2Config,
     iteration: int,
@@ -265,6 +282,7 @@ def _plans(
 
     ``rng`` is the stage's one stream: every problem draws its probe flag, then its plans.
     ``likelihood`` (``_success_likelihoods``) picks the references and sets the lucky successes apart."""
+    preference, lucky = _trusted(cfg, trajectories, likelihood)
     chunking_on = cfg.chunking_on(iteration)
     is_probe = rng.random() < cfg.rollout.probe_fraction  # drawn for every problem: one stream for all
     plans = plan_prefixes(
@@ -278,7 +296,7 @@ def _plans(
         success_threshold=cfg.replay.success_threshold if cfg.rollout.prefix_source != "any" else None,
         only_successes=cfg.rollout.prefix_source == "success_only",
         since_iteration=None if cfg.rollout.prefix_max_age is None else iteration - cfg.rollout.prefix_max_age,
-        lucky=lucky_successes(likelihood, cfg.critic.reference_min_logprob) if likelihood is not None else (),
+        lucky=lucky,
     )
     # a revisited problem's full-mode answers measured against its replayed success rate (one answer may do)
     rate = whole_answer_rate(trajectories) if cfg.replay_rate_on(iteration) else None
@@ -290,8 +308,8 @@ def _plans(
                 exclude=plan.source_trajectory_id,
                 success_threshold=cfg.replay.success_threshold,
                 or_excluded=cfg.critic.source_reference,  # the only success may be the source (research log, section 19)
-                likelihood=likelihood,
-                min_logprob=cfg.critic.reference_min_logprob,
+                preference=preference,
+                lucky=lucky,
             )
         yield {
             "prefix_id": f"{pid}-i{iteration:05d}-p{k}",

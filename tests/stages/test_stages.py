@@ -607,6 +607,25 @@ def test_a_lucky_success_is_neither_a_prefix_source_nor_a_reference():
     assert _planned(won, {"won": -3.0, "lucky": -6.0}, **only) == [("full", None, None)]
 
 
+def test_success_repeats_trusts_a_success_written_twice_and_shows_the_one_written_most():
+    lucky = _answer("lucky", 1.0, it=3) | {"token_ids": list(range(1, 41))}  # the latest success, written once
+    twice = [_answer("won", 1.0), _answer("won-again", 1.0, it=2)]
+    only = {"rollout__prefix_source": "success_only", "critic__source_reference": True}
+    # every success counts by default: the latest, the lucky one, is shown to every prefix not cut from it
+    assert {ref for _, source, ref in _planned([*twice, lucky], **only) if source != "lucky"} == {"lucky"}
+    # written once, it is neither a source nor a reference; the two written twice are shown to each other
+    trusted = _planned([*twice, lucky], **only, replay__success_repeats=2)
+    assert trusted and all(m == "chunk" and {src, ref} == {"won", "won-again"} for m, src, ref in trusted)
+    # a problem whose every success was written once gets a fresh whole answer under success_only
+    assert _planned([_answer("lost", 0.0), lucky], **only, replay__success_repeats=2) == [("full", None, None)]
+    # among trusted successes the one most answers wrote is shown, not the latest
+    thrice = [*twice, _answer("won-third", 1.0, it=3)]
+    later = [_answer(f"new-{k}", 1.0, it=4) | {"token_ids": list(range(2, 42))} for k in range(2)]  # written twice
+    shown = _planned([*thrice, *later], **only, replay__success_repeats=2)
+    # the latest of the three other than the source itself
+    assert shown and all(ref == ("won-again" if src == "won-third" else "won-third") for _, src, ref in shown)
+
+
 def test_source_reference_shows_a_chunk_prefix_with_no_other_success_the_success_it_was_cut_from():
     one_success = [_answer("won", 1.0), _answer("lost", 0.0)]
     # by default a prefix cut from a problem's only success is shown no reference

@@ -258,6 +258,15 @@ def test_full_group_size_applies_to_full_groups_of_ac2_once_chunk_mode_is_on():
     assert unset.samples_per_group(5, "full") == 4
 
 
+def test_success_repeats_and_the_likelihood_floor_are_not_both_set():
+    with pytest.raises(ConfigError, match="replay.success_repeats and critic.reference_min_logprob each choose"):
+        parse_config({"replay": {"success_repeats": 2}, "critic": {"reference_min_logprob": -2.0}})
+    with pytest.raises(ConfigError, match="replay.success_repeats"):
+        parse_config({"replay": {"success_repeats": 0}})
+    assert parse_config({"replay": {"success_repeats": 2}}).replay.success_repeats == 2
+    assert parse_config({}).replay.success_repeats == 1
+
+
 def test_one_answer_full_groups_need_the_replay_rate_baseline_and_only_problems_with_one_get_them():
     with pytest.raises(ConfigError, match="full_group_size 1 leaves a full-mode answer no group.*replay_rate.*found grpo"):
         parse_config({"rollout": {"group_size": 4, "full_group_size": 1}})

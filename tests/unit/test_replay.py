@@ -18,6 +18,8 @@ from ac2_core.replay import (
     pick_problems,
     plan_prefixes,
     solved_recently,
+    success_repeats,
+    unrepeated_successes,
     whole_answer_rate,
 )
 
@@ -126,23 +128,38 @@ def test_choose_reference_none_when_nothing_qualifies():
     assert choose_reference([], exclude=None, success_threshold=1.0) is None
 
 
-def test_choose_reference_by_likelihood_takes_the_most_likely_success_above_the_floor():
+def test_choose_reference_by_preference_takes_the_most_preferred_success_never_a_lucky_one():
     trajs = _candidates()  # successes a (iteration 1), b (3, the latest) and c (3)
     likelihood = {"a": -0.5, "b": -3.0, "c": -0.5}
-    # the most likely, not the latest: a and c tie, and the newer of the tie (c) wins
-    assert choose_reference(trajs, exclude=None, success_threshold=1.0, likelihood=likelihood) == "c"
-    assert choose_reference(trajs, exclude="c", success_threshold=1.0, likelihood=likelihood) == "a"
-    # below the floor a success is lucky: never shown, even where it is the only other one
-    assert choose_reference(trajs, exclude="c", success_threshold=1.0, likelihood=likelihood, min_logprob=-1.0) == "a"
-    lucky_b = {"a": -2.0, "b": -3.0, "c": -0.5}
-    assert choose_reference(trajs, exclude="c", success_threshold=1.0, likelihood=lucky_b, min_logprob=-1.0) is None
-    # ... nor as the source itself under or_excluded; a source above the floor still may be
-    kw = dict(success_threshold=1.0, or_excluded=True, min_logprob=-1.0)
-    assert choose_reference(trajs, exclude="b", likelihood=lucky_b, **kw) == "c"
-    assert choose_reference(trajs, exclude="c", likelihood=lucky_b, **kw) == "c"
-    assert choose_reference(trajs, exclude="c", likelihood={"a": -2.0, "b": -3.0, "c": -1.5}, **kw) is None
+    # the most preferred, not the latest: a and c tie, and the newer of the tie (c) wins
+    assert choose_reference(trajs, exclude=None, success_threshold=1.0, preference=likelihood) == "c"
+    assert choose_reference(trajs, exclude="c", success_threshold=1.0, preference=likelihood) == "a"
+    # a lucky success is never shown, even where it is the only other one
+    assert choose_reference(trajs, exclude="c", success_threshold=1.0, preference=likelihood, lucky={"b"}) == "a"
+    assert choose_reference(trajs, exclude="c", success_threshold=1.0, lucky={"a", "b"}) is None
+    # ... nor as the source itself under or_excluded; a source that is not lucky still may be
+    kw = dict(success_threshold=1.0, or_excluded=True, preference=likelihood)
+    assert choose_reference(trajs, exclude="b", lucky={"a", "b"}, **kw) == "c"
+    assert choose_reference(trajs, exclude="c", lucky={"a", "b"}, **kw) == "c"
+    assert choose_reference(trajs, exclude="c", lucky={"a", "b", "c"}, **kw) is None
     # the threshold still decides what a success is: e (reward 0.5) is never weighed at 1.0
-    assert choose_reference(trajs, exclude=None, success_threshold=1.0, likelihood={**likelihood, "e": 0.0}) == "c"
+    assert choose_reference(trajs, exclude=None, success_threshold=1.0, preference={**likelihood, "e": 0.0}) == "c"
+
+
+def test_success_repeats_counts_the_whole_answers_that_wrote_each_success():
+    twice = [_traj("a", iteration=1, pv=1, finished=True, reward=1.0), _traj("b", iteration=1, pv=1, finished=True, reward=1.0)]
+    twice[1]["iteration"] = 2  # the same tokens (they follow the first iteration's) written again a later iteration
+    once = _traj("c", iteration=3, pv=3, finished=True, reward=1.0)
+    failed = _traj("d", iteration=1, pv=1, finished=True, reward=0.0)  # the same tokens as a and b, graded a failure
+    unfinished = _traj("u", iteration=1, pv=1, finished=False, reward=None)  # the same tokens again, not finished
+    continued = _traj("k", iteration=3, pv=3, finished=True, reward=1.0) | {"source_trajectory_id": "c"}
+    repeats = success_repeats([*twice, once, failed, unfinished, continued], 1.0)
+    # a, b and the failure d wrote one text; an unfinished answer and a continuation write none, and the success k,
+    # a continuation, is weighed by the whole answers that wrote its tokens (c alone)
+    assert repeats == {"a": 3, "b": 3, "c": 1, "k": 1}
+    assert success_repeats([*twice, once], 1.5) == {}  # the threshold decides what a success is
+    assert unrepeated_successes(repeats, 2) == {"c", "k"}
+    assert unrepeated_successes(repeats, 1) == set()
 
 
 def test_lucky_successes_are_those_below_the_floor():
