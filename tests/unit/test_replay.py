@@ -147,12 +147,16 @@ def test_choose_reference_by_preference_takes_the_most_preferred_success_never_a
 
 
 def test_success_repeats_counts_the_whole_answers_that_wrote_each_success():
-    twice = [_traj("a", iteration=1, pv=1, finished=True, reward=1.0), _traj("b", iteration=1, pv=1, finished=True, reward=1.0)]
-    twice[1]["iteration"] = 2  # the same tokens (they follow the first iteration's) written again a later iteration
+    a = _traj("a", iteration=1, pv=1, finished=True, reward=1.0)
+    text = {"token_ids": a["token_ids"]}
+    twice = [a, _traj("b", iteration=2, pv=2, finished=True, reward=1.0) | text]  # a's text written again, later
     once = _traj("c", iteration=3, pv=3, finished=True, reward=1.0)
-    failed = _traj("d", iteration=1, pv=1, finished=True, reward=0.0)  # the same tokens as a and b, graded a failure
-    unfinished = _traj("u", iteration=1, pv=1, finished=False, reward=None)  # the same tokens again, not finished
-    continued = _traj("k", iteration=3, pv=3, finished=True, reward=1.0) | {"source_trajectory_id": "c"}
+    failed = _traj("d", iteration=2, pv=2, finished=True, reward=0.0) | text  # a's text, graded a failure
+    unfinished = _traj("u", iteration=2, pv=2, finished=False, reward=None) | text  # a's text again, not finished
+    continued = _traj("k", iteration=4, pv=4, finished=True, reward=1.0) | {
+        "token_ids": once["token_ids"],
+        "source_trajectory_id": "c",
+    }
     repeats = success_repeats([*twice, once, failed, unfinished, continued], 1.0)
     # a, b and the failure d wrote one text; an unfinished answer and a continuation write none, and the success k,
     # a continuation, is weighed by the whole answers that wrote its tokens (c alone)
