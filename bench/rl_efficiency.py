@@ -921,7 +921,8 @@ def fork_choices(run_dir: Path, digits: Sequence[int], *, span: int = 4, upto: i
     tokenizer = load_tokenizer(layout.bootstrap("actor"))
     last = min(layout.completed_iterations(), upto or sys.maxsize)
     out = {}
-    for name, its in (("start", range(1, span + 1)), ("end", range(max(last - span + 1, 1), last + 1))):
+    # both windows within the iterations the run has (a run still under way may have fewer than span)
+    for name, its in (("start", range(1, min(span, last) + 1)), ("end", range(max(last - span + 1, 1), last + 1))):
         taken, reached, failed, by_fork = 0, 0, 0, 0
         for it in its:
             for c in storage.read_rows(layout.output(it, "scored_chunks"), kind="scored_chunks"):
