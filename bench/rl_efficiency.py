@@ -1082,12 +1082,13 @@ def render(runs: dict, args: argparse.Namespace, elapsed: float | None, diag: di
     lines = [
         "# RL efficiency: AC2 against GRPO on decode FLOPs",
         "",
-        "Reproduce: `python bench/rl_efficiency.py` (ac2, grpo, grpo_skip), then"
-        " `python bench/rl_efficiency.py --variants ac2_no_gate ac2_no_ref` and"
-        " `python bench/rl_efficiency.py --variants ac2_chunk8 ac2_chunk32` (ablations, compared with"
-        " the GRPO runs already there); `--report-only` rebuilds this file from the runs under"
+        "Reproduce: make each variant's runs with `python bench/rl_efficiency.py --variants V --seeds S`"
+        " and the `--set`s, `--out` and `--reference` of the command below, GRPO's first (a run's records do not"
+        " depend on which other variants or seeds its invocation holds: reruns reproduce them exactly); a run"
+        " cut shorter, such as GRPO's, adds `--set run.iterations=N` after the others. Then that command, with"
+        " `--report-only`, rebuilds this file from the runs under"
         f" `{Path(args.out).relative_to(ROOT) if Path(args.out).is_relative_to(ROOT) else args.out}`"
-        " (with `--variants`, only those variants and `--seeds`)."
+        " (with `--variants`, only those variants and `--seeds`), or from the archive on a fresh clone."
         f" This file was last written by `{args.command}`. Machine: "
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} when written"
         + (f"; this invocation took {elapsed / 60:.1f} min." if elapsed else "."),

@@ -191,3 +191,26 @@ def test_the_archive_is_committed_not_ignored_as_the_run_folders_are():
     probe = bench.archive_path(bench.ARCHIVE / "rl", "grpo", 0).relative_to(root)
     ignored = subprocess.run(["git", "check-ignore", "-q", str(probe)], cwd=root).returncode == 0
     assert not ignored, f"{probe} is git-ignored: archived runs would be lost with the machine"
+
+
+def test_the_fork_diagnostic_reads_only_the_iterations_a_run_under_way_has_completed(tmp_path, monkeypatch):
+    # a full invocation reports every run under --out, another invocation's included: one of them at
+    # its first iteration must not be read at iterations 2-4, whose artifacts are still being written
+    from ac2_core import storage
+    from ac2_core.models import tokenizer
+    from ac2_core.runner.layout import RunLayout
+
+    read = []
+
+    def read_rows(uri, kind):
+        read.append((kind, uri))
+        return [{"problem_id": "p0", "prompt": "1+2="}] if kind == "problems" else []
+
+    monkeypatch.setattr(storage, "read_rows", read_rows)
+    monkeypatch.setattr(tokenizer, "load_tokenizer", lambda uri: None)
+    monkeypatch.setattr(bench, "worked_solution", lambda layout: lambda pid, ids: True)
+    monkeypatch.setattr(RunLayout, "completed_iterations", lambda self: 1)
+
+    bench.fork_choices(tmp_path, [7])
+    layout = RunLayout(str(tmp_path))
+    assert [uri for kind, uri in read if kind == "scored_chunks"] == [layout.output(1, "scored_chunks")] * 2  # start, end
